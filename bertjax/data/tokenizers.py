@@ -282,8 +282,8 @@ class WordPieceTokenizer(Tokenizer):
 # ---------------------------------------------------------------------------------------------
 # SentencePiece
 
-# sentencepiece_model.proto piece types
-_NORMAL, _UNKNOWN, _CONTROL, _USER_DEFINED, _UNUSED, _BYTE = 1, 2, 3, 4, 5, 6
+# Piece types of sentencepiece_model.proto that the word-start rule tells apart.
+_NORMAL, _BYTE = 1, 6
 
 
 def _is_cjk(char: str) -> bool:
@@ -349,17 +349,19 @@ class SentencePieceTokenizer(Tokenizer):
     def word_start_table(self) -> np.ndarray:
         """Which pieces begin a word.
 
-        A piece starts a word if it starts with `▁` (SentencePiece's mark for a preceding
-        space), is not a normal piece (special, unknown, control, byte), consists only of
-        punctuation or symbols (SentencePiece emits these unspaced: "Hi," -> "▁Hi", ","), or
-        starts with a CJK ideograph or kana (unspaced scripts: each such piece is a word, as
-        each CJK character is in BERT). The table is per piece, so a piece that follows
-        punctuation ("'", "s") continues the punctuation's word.
+        A piece starts a word if it is a special, unknown or control piece, starts with `▁`
+        (SentencePiece's mark for a preceding space), consists only of punctuation or symbols
+        (SentencePiece emits these unspaced: "Hi," -> "▁Hi", ","), or starts with a CJK
+        ideograph or kana (unspaced scripts: each such piece is a word, as each CJK character
+        is in BERT). Byte-fallback pieces continue the word they are in. The table is per
+        piece, so a piece that follows punctuation ("'", "s") continues the punctuation's word.
         """
         table = np.zeros(self.vocab_size, dtype=bool)
         for i, piece in enumerate(self._proto.pieces):
             text = piece.piece
-            table[i] = (piece.type != _NORMAL or text.startswith("\u2581") or not text
+            if piece.type == _BYTE:
+                continue
+            table[i] = (piece.type != _NORMAL or not text or text.startswith("\u2581")
                         or all(unicodedata.category(c)[0] in "PS" for c in text)
                         or _is_cjk(text[0]))
         return table
@@ -376,8 +378,13 @@ class SentencePieceTokenizer(Tokenizer):
 def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: str,
                         model_type: str = "unigram", lowercase: bool = False,
                         max_sentences: int = 1_000_000, character_coverage: float = 0.9995,
-                        num_threads: int = 4, seed: int = 0) -> SentencePieceTokenizer:
+                        byte_fallback: bool = True, num_threads: int = 4,
+                        seed: int = 0) -> SentencePieceTokenizer:
     """Trains a SentencePiece model with [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4.
+
+    Characters outside `character_coverage` (rare ones; the default suits CJK text too) are
+    spelled as UTF-8 byte pieces with `byte_fallback`, which costs 256 ids and makes every text
+    encodable without [UNK] and decodable exactly.
 
     At most `max_sentences` sentences are used, a uniform sample (reservoir, seeded) when the
     corpus has more. The result depends only on the input and the arguments: sampling is seeded
@@ -402,6 +409,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: s
         spm.SentencePieceTrainer.train(
             sentence_iterator=iter(sample), model_writer=model, vocab_size=vocab_size,
             model_type=model_type, character_coverage=character_coverage,
+            byte_fallback=byte_fallback,
             normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
             pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
             user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], input_sentence_size=0,
