@@ -167,6 +167,8 @@ def test_tfds_reads_a_dataset(monkeypatch):
 
 
 def test_tfds_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="pass --format=tfds"):
+        corpus.Corpus("wikipedia/20230601.en:text")
     with pytest.raises(ValueError, match="expected 'name"):
         corpus.Corpus("wikipedia", "tfds")
     with pytest.raises(ValueError, match="expected 'name"):

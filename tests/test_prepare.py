@@ -9,8 +9,8 @@ import unicodedata
 import pytest
 import tensorflow as tf
 
-from bertjax import prepare as prepare_lib
 from bertjax.data import corpus, shards, tokenizers
+from bertjax.data import preparation as prepare_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -41,7 +41,10 @@ def raw_corpus(tmp_path_factory):
     directory = tmp_path_factory.mktemp("raw")
     chapters = [units for _, units in zip(range(12), corpus.Corpus().units())]
     for i, paragraphs in enumerate(chapters):
-        text = "\n\n".join(textwrap.fill(p, 70, break_on_hyphens=False, break_long_words=False) for p in paragraphs) + "\n"
+        # Wrapped at spaces only, as raw text files are.
+        wrapped = [textwrap.fill(p, 70, break_on_hyphens=False, break_long_words=False)
+                   for p in paragraphs]
+        text = "\n\n".join(wrapped) + "\n"
         (directory / f"chapter{i:02d}.txt").write_text(text, encoding="utf-8")
     expected = [corpus.split_units(paragraphs) for paragraphs in chapters]
     return str(directory / "*.txt"), expected

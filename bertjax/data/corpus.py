@@ -385,7 +385,13 @@ class Corpus:
             parse_tfds_spec(spec)
             self.paths: list[str] = []
         else:
-            self.paths = expand_paths(spec)
+            try:
+                self.paths = expand_paths(spec)
+            except FileNotFoundError as e:
+                if ":" in spec and "://" not in spec:
+                    raise FileNotFoundError(f"{e.args[0]}; for a TFDS dataset pass "
+                                            "--format=tfds") from None
+                raise
             if fmt == "auto":
                 fmt = detect_format(self.paths)
         self.format = fmt

@@ -295,10 +295,14 @@ def _is_cjk(char: str) -> bool:
 
 
 class SentencePieceTokenizer(Tokenizer):
-    """A SentencePiece `.model` that holds the BERT special tokens as pieces."""
+    """A SentencePiece `.model` that holds the BERT special tokens as pieces.
+
+    `num_threads` is what `encode_batch` uses (-1: one per core).
+    """
 
     kind = "sentencepiece"
     file_name = SENTENCEPIECE_MODEL
+    num_threads = -1
 
     def __init__(self, model_file: str, _model_proto: bytes | None = None):
         import sentencepiece as spm
@@ -331,7 +335,7 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return self._sp.encode(list(texts), out_type=int)
+        return self._sp.encode(list(texts), out_type=int, num_threads=self.num_threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids])
