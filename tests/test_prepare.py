@@ -87,8 +87,8 @@ def test_worker_count_does_not_change_the_output(tmp_path, raw_corpus, prepared)
     runs = []
     for workers in (1, 2):
         output = str(tmp_path / f"w{workers}")
-        manifest = prepare_lib.prepare(corpus.Corpus(pattern), output, model, num_shards=3,
-                                       num_workers=workers, quiet=True)
+        manifest = prepare_lib.prepare(corpus.Corpus(pattern), tmp_path / f"w{workers}", model,
+                                       num_shards=3, num_workers=workers, quiet=True)
         runs.append((manifest, read_documents(output)))
     assert runs[0] == runs[1]
     assert runs[0][1] == read_documents(prepared[0])

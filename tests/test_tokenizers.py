@@ -90,7 +90,7 @@ def test_wordpiece_save_and_load_keep_casing(tmp_path, minilm_vocab):
     written = cased.save(str(tmp_path))
     assert sorted(os.path.basename(p) for p in written) == ["tokenizer_config.json",
                                                             "vocab.txt"]
-    loaded = tokenizers.load_tokenizer(str(tmp_path))
+    loaded = tokenizers.load_tokenizer(tmp_path)
     assert isinstance(loaded, tokenizers.WordPieceTokenizer) and not loaded.lowercase
     assert loaded.encode(text) == cased.encode(text)
     assert not [f for f in os.listdir(tmp_path) if ".tmp-" in f]

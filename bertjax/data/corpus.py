@@ -33,11 +33,11 @@ Document = list[str]
 # Sentence splitting
 
 # Abbreviations that are followed by a name or a word, so a period after them never ends a
-# sentence ("Mr. Darcy", "St. James's", "e.g. London"). "etc." is not here: it often does.
+# sentence ("Mr. Darcy", "St. James's"). "etc." is not here: it often does. Dotted ones
+# ("e.g.", "U.S.") are recognized by their shape.
 _TITLE_ABBREVIATIONS = frozenset("""
     mr mrs ms mssrs messrs dr drs st prof sr jr rev revd hon capt col gen lt maj sgt cmdr adm
     gov sen rep pres supt mt ft mme mlle mm esq vs cf viz approx ca al dept univ assn bros
-    e.g i.e a.m p.m u.s u.k
 """.split())
 # Abbreviations that end a sentence only if no number follows them ("No. 5", "pp. 10-12").
 _NUMBER_ABBREVIATIONS = frozenset("no nos vol vols p pp fig figs art ch sec ed eq".split())
@@ -49,7 +49,6 @@ _OPENERS = "\"'“‘«‹([{「『（【〈《"
 _TERMINATOR = re.compile(
     r"(?P<cjk>[。！？][。！？!?]*)[" + re.escape(_CLOSERS) + r"]*"
     r"|(?P<latin>[.!?…]+)[" + re.escape(_CLOSERS) + r"]*(?=\s|$)")
-_LAST_WORD = re.compile(r"(\S+)$")
 _DOTTED = re.compile(r"[^\W\d_](\.[^\W\d_])+", re.UNICODE)  # U.S, e.g: abbreviations, not ends
 _WHITESPACE = re.compile(r"\s+")
 
@@ -80,7 +79,9 @@ def split_sentences(text: str) -> list[str]:
 
 
 def _ends_sentence(text: str, term_start: int, terminator: str, end: int) -> bool:
-    following = text[end:].lstrip()
+    # `text` has single spaces only, so short windows around the terminator are enough (and
+    # keep long paragraphs linear).
+    following = text[end:end + 16].lstrip()
     if not following:
         return True
     first = following.lstrip(_OPENERS)[:1] or following[0]
@@ -88,10 +89,9 @@ def _ends_sentence(text: str, term_start: int, terminator: str, end: int) -> boo
         return False
     if terminator != ".":
         return True
-    word_match = _LAST_WORD.search(text, 0, term_start)
-    if not word_match:
+    word = text[text.rfind(" ", 0, term_start) + 1:term_start].lstrip(_OPENERS)
+    if not word:
         return True
-    word = word_match.group(1).lstrip(_OPENERS)
     lower = word.lower()
     if lower in _TITLE_ABBREVIATIONS or _DOTTED.fullmatch(word):
         return False
@@ -115,6 +115,8 @@ def expand_paths(spec: str | Iterable[str]) -> list[str]:
 
     A pattern that matches nothing, or a file that is empty, is an error naming it.
     """
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
     patterns = [p for p in spec.split(",") if p] if isinstance(spec, str) else list(spec)
     if not patterns:
         raise ValueError("no input given: expected a file, a comma-separated list or a glob")
@@ -215,7 +217,7 @@ def read_bert(paths: list[str], progress: _Progress | None = None,
               split: bool = True) -> Iterator[Document]:
     """One sentence per line, blank lines between documents; a file ends a document too.
 
-    Lines are sentences already: `split` only normalizes whitespace.
+    Lines are sentences already, so `split` changes nothing; whitespace runs become spaces.
     """
     for path in paths:
         document: Document = []
@@ -379,6 +381,7 @@ class Corpus:
             raise ValueError(f"format {fmt!r}: expected one of {', '.join(FORMATS)}")
         if not spec:
             spec, fmt = austen_path(), ("austen" if fmt == "auto" else fmt)
+        spec = os.fspath(spec)
         self.spec, self.text_key = spec, text_key
         self.tfds_split, self.tfds_data_dir = tfds_split, tfds_data_dir
         if fmt == "tfds":

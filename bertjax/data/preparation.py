@@ -249,7 +249,7 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
         raise ValueError(f"--num_shards={num_shards}: expected at least 1")
     if tokenizer == "train" and vocab_size < 16:
         raise ValueError(f"--vocab_size={vocab_size}: expected at least 16")
-    output = output.rstrip("/")
+    output, tokenizer = os.fspath(output).rstrip("/"), os.fspath(tokenizer)
     source = corpus.describe()
     if tokenizer != "train" and not _is_remote(tokenizer):
         tokenizer = os.path.abspath(tokenizer)

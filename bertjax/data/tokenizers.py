@@ -208,14 +208,14 @@ class WordPieceTokenizer(Tokenizer):
         from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as RustTokenizer
 
-        self.path = vocab_file
+        self.path = vocab_file = os.fspath(vocab_file)
         try:
             text = _read_bytes(vocab_file).decode("utf-8")
         except FileNotFoundError:
             raise FileNotFoundError(f"WordPiece vocabulary {vocab_file!r} not found") from None
         except UnicodeDecodeError as e:
             raise ValueError(f"WordPiece vocabulary {vocab_file!r} is not UTF-8: {e}") from None
-        # One token per line, id = line number, exactly as BERT's load_vocab reads it.
+        # One token per line, id = line number, as transformers' load_vocab reads it.
         self._tokens = text.split("\n")
         if self._tokens and self._tokens[-1] == "":
             self._tokens.pop()
@@ -269,6 +269,7 @@ class WordPieceTokenizer(Tokenizer):
         return np.array([not t.startswith("##") for t in self._tokens], dtype=bool)
 
     def save(self, directory: str) -> list[str]:
+        directory = os.fspath(directory)
         vocab_path = os.path.join(directory, WORDPIECE_VOCAB)
         config_path = os.path.join(directory, WORDPIECE_CONFIG)
         atomic_write(vocab_path, ("\n".join(self._tokens) + "\n").encode("utf-8"))
@@ -308,7 +309,7 @@ class SentencePieceTokenizer(Tokenizer):
         import sentencepiece as spm
         from sentencepiece import sentencepiece_model_pb2
 
-        self.path = model_file
+        self.path = model_file = os.fspath(model_file)
         if _model_proto is None:
             try:
                 _model_proto = _read_bytes(model_file)
@@ -371,6 +372,7 @@ class SentencePieceTokenizer(Tokenizer):
         return table
 
     def save(self, directory: str) -> list[str]:
+        directory = os.fspath(directory)
         model_path = os.path.join(directory, SENTENCEPIECE_MODEL)
         vocab_path = os.path.join(directory, SENTENCEPIECE_VOCAB)
         atomic_write(model_path, self._sp.serialized_model_proto())
@@ -397,6 +399,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: s
     """
     import sentencepiece as spm
 
+    output_dir = os.fspath(output_dir)
     rng = random.Random(seed)
     sample: list[str] = []
     for n, sentence in enumerate(s for s in sentences if s.strip()):
@@ -436,6 +439,7 @@ def load_tokenizer(path: str) -> Tokenizer:
     spm.model) -> the tokenizer. A WordPiece `do_lower_case`/`strip_accents` is read from a
     tokenizer_config.json beside the vocab.txt; without one the vocabulary is taken as uncased.
     """
+    path = os.fspath(path)
     if _isdir(path):
         candidates = [os.path.join(path, n) for n in (WORDPIECE_VOCAB, SENTENCEPIECE_MODEL)]
         found = [c for c in candidates if _exists(c)]
