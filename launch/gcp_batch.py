@@ -51,6 +51,8 @@ flags.DEFINE_enum("jax_extra", "cuda12", ["cuda12", "cuda13"], "jax extra instal
 flags.DEFINE_integer("coordinator_port", 8476, "Port of the jax.distributed coordinator on task 0.")
 flags.DEFINE_bool("wait", True, "Wait for the job to end (needed for --retries).")
 
+# The shared flags (--project, --config, --workdir, ...) show in this script's --help.
+flags.adopt_module_key_flags(launchlib)
 FLAGS = flags.FLAGS
 
 # The GPUs that come with the 8-GPU accelerator-optimized machine types.
@@ -147,7 +149,8 @@ def job_config(command: list[str], env: dict[str, str], gpus: tuple[str, int],
             "taskCount": FLAGS.num_nodes,
             "parallelism": FLAGS.num_nodes,
             "taskCountPerNode": 1,
-            # Makes Batch set $BATCH_MAIN_NODE_HOSTNAME and $BATCH_HOSTS_FILE on every task.
+            # With one task per VM, the multi-node setup in which Batch gives every task
+            # $BATCH_MAIN_NODE_HOSTNAME, $BATCH_NODE_INDEX and $BATCH_HOSTS_FILE.
             "requireHostsFile": True,
             "taskSpec": task_spec,
         }],

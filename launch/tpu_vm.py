@@ -33,6 +33,8 @@ flags.DEFINE_bool("queued_resource", False, "Request the slice through a queued 
                   "which waits for capacity instead of failing when none is free.")
 flags.DEFINE_bool("keep", False, "Do not delete the TPU at the end (to inspect or rerun).")
 
+# The shared flags (--project, --config, --workdir, ...) show in this script's --help.
+flags.adopt_module_key_flags(launchlib)
 FLAGS = flags.FLAGS
 
 # The image only brings the OS and the TPU driver; jax and libtpu come from the pinned install.
