@@ -45,7 +45,8 @@ flags.DEFINE_string("container_options", "--network=host --ipc=host", "`docker r
                     "and NCCL ports; the host IPC namespace gives NCCL its shared memory.")
 flags.DEFINE_string("boot_image", None, "VM boot image for the script path (default: Batch's "
                     "own image, whose GPU driver Batch installs).")
-flags.DEFINE_integer("boot_disk_gb", 200, "Boot disk size: CUDA wheels and the venv need tens of GB.")
+flags.DEFINE_integer("boot_disk_gb", 200, "Boot disk size in GB: CUDA wheels and the "
+                     "virtualenv need tens of GB.")
 flags.DEFINE_enum("jax_extra", "cuda12", ["cuda12", "cuda13"], "jax extra installed by the "
                   "script path (cuda13 needs an NVIDIA driver >= 580).")
 flags.DEFINE_integer("coordinator_port", 8476, "Port of the jax.distributed coordinator on task 0.")
@@ -95,6 +96,7 @@ def distributed_exports(port: int) -> list[str]:
 
 
 def runnables(command: list[str], staged: bool) -> list[dict]:
+    """What each task runs: the container (--image), or a script that installs and runs."""
     exports = distributed_exports(FLAGS.coordinator_port)
     steps = []
     if FLAGS.num_nodes > 1:
@@ -122,6 +124,7 @@ def runnables(command: list[str], staged: bool) -> list[dict]:
 
 def job_config(command: list[str], env: dict[str, str], gpus: tuple[str, int],
                staging: str | None) -> dict:
+    """The Batch job this script's flags describe; STAGING is the code's gs:// folder."""
     variables = {**env, "BERTJAX_NUM_PROCESSES": str(FLAGS.num_nodes)}
     task_spec = {
         "runnables": runnables(command, staging is not None),

@@ -59,7 +59,7 @@ class LaunchError(Exception):
 
 
 def fail(message: str) -> None:
-    """Prints one error line and exits non-zero: a launcher never shows a traceback for bad input."""
+    """Prints one error line and exits non-zero: bad input never ends in a traceback."""
     print(f"error: {message}", file=sys.stderr)
     sys.exit(2)
 
@@ -240,4 +240,5 @@ def check_config_in_source(source: str, ref: str, config: str, dry_run: bool) ->
                            capture_output=True, check=False)
     if found.returncode != 0:
         raise LaunchError(f"--config={config} is not in {ref} of {REPO_ROOT}: the workers get "
-                          "that commit (commit the file, or fix the path, relative to the repo root)")
+                          "that commit (commit the file, or fix the path: it is relative to the "
+                          "repository root)")

@@ -66,10 +66,9 @@ def runtime_version(accelerator_type: str, given: str | None) -> str:
 class TpuSlice:
     """The gcloud commands for one named TPU slice, created directly or via a queued resource."""
 
-    def __init__(self, runner: Runner, name: str, project: str, zone: str):
-        self.runner, self.name = runner, name
+    def __init__(self, runner: Runner, name: str, project: str, zone: str, queued: bool):
+        self.runner, self.name, self.queued = runner, name, queued
         self.where = [f"--project={project}", f"--zone={zone}"]
-        self.queued = FLAGS.queued_resource
         kind = "queued-resources" if self.queued else "tpu-vm"
         self.gcloud = ["gcloud", "compute", "tpus", kind]
         self.tpu_vm = ["gcloud", "compute", "tpus", "tpu-vm"]
@@ -84,9 +83,9 @@ class TpuSlice:
             raise LaunchError(f"{' '.join(self.gcloud[3:])} {self.name} already exists in "
                               f"{self.where[1]}: pick another --name, or delete it first")
 
-    def create(self, accelerator_type: str, version: str) -> int:
+    def create(self, accelerator_type: str, version: str, capacity: list[str]) -> int:
+        """CAPACITY: [], ["--spot"] or ["--preemptible"]."""
         self.created = True
-        capacity = ["--spot"] if FLAGS.spot else ["--preemptible"] if FLAGS.preemptible else []
         if not self.queued:
             return self.runner.run([*self.gcloud, "create", self.name, *self.where,
                                     f"--accelerator-type={accelerator_type}",
@@ -141,10 +140,10 @@ class TpuSlice:
         return self.runner.run(self.delete_command())
 
 
-def attempt(tpu: TpuSlice, accelerator_type: str, version: str, tarball: Path | None,
+def attempt(tpu: TpuSlice, create_args: tuple[str, str, list[str]], tarball: Path | None,
             setup: str, run: str) -> int:
     """One try: slice up, code installed on every worker, training run. First failure stops it."""
-    steps = [lambda: tpu.create(accelerator_type, version)]
+    steps = [lambda: tpu.create(*create_args)]
     if tarball is not None:
         steps.append(lambda: tpu.scp_to_all(tarball, launchlib.ARCHIVE_NAME))
     steps += [lambda: tpu.ssh_all(setup), lambda: tpu.ssh_all(run)]
@@ -181,13 +180,14 @@ def launch(overrides: list[str]) -> int:
     setup = launchlib.worker_setup(_BASE, FLAGS.source, FLAGS.git_url, FLAGS.ref,
                                    f"{_BASE}/{launchlib.ARCHIVE_NAME}", "tpu", FLAGS.python_version)
     run = " && ".join(launchlib.worker_run(_BASE, env, command))
-    tpu = TpuSlice(runner, name, project, zone)
+    tpu = TpuSlice(runner, name, project, zone, FLAGS.queued_resource)
+    capacity = ["--spot"] if FLAGS.spot else ["--preemptible"] if FLAGS.preemptible else []
 
     tpu.check_absent()
     status = 1
     try:
         for tries in range(FLAGS.retries + 1):
-            status = attempt(tpu, accelerator_type, version, tarball, setup, run)
+            status = attempt(tpu, (accelerator_type, version, capacity), tarball, setup, run)
             if runner.dry_run:
                 _note_retry(tpu)
                 break

@@ -263,9 +263,13 @@ elif argv[:3] == ["compute", "tpus", "tpu-vm"] and argv[3] == "ssh" and any(
         "bertjax.main" in a for a in argv):
     runs = here / "runs"
     runs.write_text(str(int(runs.read_text()) + 1) if runs.exists() else "1")
-    if runs.read_text() == "1":
+    if runs.read_text() == "1" and scenario != "ok":
         state.write_text("PREEMPTED" if scenario == "preempt" else "READY")
         sys.exit(255)
+elif argv[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
+    import tarfile
+    with tarfile.open(argv[4]) as shipped:
+        (here / "shipped.txt").write_text("\\n".join(shipped.getnames()))
 elif argv[:4] == ["compute", "tpus", "tpu-vm", "describe"]:
     if not state.exists():
         sys.exit("ERROR: NOT_FOUND")
@@ -326,6 +330,27 @@ def test_a_tpu_name_in_use_is_refused_and_left_alone(tmp_path):
     assert "tpu-vm bert1 already exists" in result.stderr.splitlines()[-1]
     steps, _ = gcloud_calls(tmp_path)
     assert [s[3] for s in steps[1:]] == ["describe"]
+
+
+def test_local_source_ships_the_committed_tree_to_every_worker(tmp_path):
+    # Any committed file will do as --config: bertjax.main itself never runs here.
+    args = [a for a in TPU_ARGS if not a.startswith("--config=")]
+    result = launch(TPU, *args, "--config=setup.cfg", env=fake_gcloud_env(tmp_path, "ok"))
+    assert result.returncode == 0, result.stderr
+    steps, calls = gcloud_calls(tmp_path)
+    assert [s[3] for s in steps] == ["describe", "create", "scp", "ssh", "ssh", "delete"]
+    assert flag(calls[2], "--worker") == "all"
+    shipped = (tmp_path / "shipped.txt").read_text().splitlines()
+    assert {"bertjax/setup.cfg", "bertjax/requirements/constraints.txt",
+            "bertjax/bertjax/__init__.py"} <= set(shipped)
+
+
+def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path):
+    args = [a for a in TPU_ARGS if not a.startswith("--config=")]
+    result = launch(TPU, *args, "--config=configs/no_such.py", env=fake_gcloud_env(tmp_path, "ok"))
+    assert result.returncode == 2
+    assert "--config=configs/no_such.py is not in HEAD" in result.stderr
+    assert not (tmp_path / "calls.jsonl").exists()
 
 
 @pytest.mark.parametrize("scenario, submitted, returncode", [
