@@ -1,0 +1,52 @@
+"""Pretraining heads on top of `BertModel`: masked LM (at gathered positions only) and NSP."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax.numpy as jnp
+
+from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, _dense, _layer_norm
+
+
+def gather_positions(x_BLD, positions_BP):
+    """x at the given sequence positions: [B, L, D], [B, P] -> [B, P, D]."""
+    return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+    """dense + activation + LayerNorm, then the tied word-embedding decoder plus an output bias."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BPD, decode):
+        c = self.config
+        h_BPD = _dense(c, c.hidden_size, ("embed", "mlp"), "transform")(x_BPD)
+        h_BPD = _layer_norm(c, "layer_norm")(ACTIVATIONS[c.hidden_act](h_BPD))
+        bias_V = self.param("output_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros, ("vocab",)), (c.vocab_size,), c.param_dtype)
+        return decode(h_BPD) + bias_V.astype(c.dtype)
+
+
+class BertForPreTraining(nn.Module):
+    """Encoder + MLM head evaluated only at `masked_lm_positions` + NSP head on the pooled [CLS].
+
+    Returns {'mlm_logits': [B, P, V] float32, 'nsp_logits': [B, 2] float32}. Projecting only
+    the P gathered positions (not all L) onto the vocabulary is most of the head's saving.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.mlm = MaskedLMHead(self.config)
+        self.nsp = _dense(self.config, 2, ("embed", None), "nsp")
+
+    def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
+                 deterministic: bool = True):
+        x_BLD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+        x_BPD = gather_positions(x_BLD, masked_lm_positions)
+        mlm_logits_BPV = self.mlm(x_BPD, self.bert.attend)
+        nsp_logits_B2 = self.nsp(pooled_BD)
+        return {"mlm_logits": mlm_logits_BPV.astype(jnp.float32),
+                "nsp_logits": nsp_logits_B2.astype(jnp.float32)}

@@ -1,0 +1,24 @@
+"""Named model sizes: layers L and hidden H; heads = H/64, intermediate = 4H, as in BERT."""
+
+from __future__ import annotations
+
+from bertjax.models.bert import BertConfig
+
+SIZES = {
+    "tiny": (2, 128),
+    "mini": (4, 256),
+    "small": (4, 512),
+    "medium": (8, 512),
+    "base": (12, 768),
+    "large": (24, 1024),
+}
+
+
+def preset(name: str, **overrides) -> BertConfig:
+    """The BertConfig of a named size; `overrides` replace any field (e.g. vocab_size)."""
+    if name not in SIZES:
+        raise ValueError(f"unknown model size {name!r}: expected one of {', '.join(SIZES)}")
+    layers, hidden = SIZES[name]
+    fields = dict(num_hidden_layers=layers, hidden_size=hidden,
+                  num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+    return BertConfig(**{**fields, **overrides})
