@@ -139,7 +139,8 @@ def test_missing_heads_initialised_as_a_fresh_model_and_reported(hf_dir, tmp_pat
     assert set(converted.fresh) == heads
     assert len(warnings) == 1 and all(h in warnings[0] for h in heads)
     config = converted.config
-    fresh_model = jax.jit(BertForPreTraining(config).init)(jax.random.PRNGKey(3), *batch())["params"]
+    init = jax.jit(BertForPreTraining(config).init)
+    fresh_model = init(jax.random.PRNGKey(3), *batch())["params"]
     expected, got = cparams.flatten(nn.unbox(fresh_model)), cparams.flatten(converted.params)
     for path in heads:
         np.testing.assert_array_equal(got[path], expected[path], err_msg=path)
@@ -216,6 +217,19 @@ def test_tf_optimizer_slots_ignored_and_values_recovered(hf_dir, tmp_path):
     prefix = os.path.join(tf_dir, "bert_model.ckpt")
     tf.raw_ops.SaveV2(prefix=prefix, tensor_names=list(full), shape_and_slices=[""] * len(full),
                       tensors=list(full.values()))
+    # The heads in the original layout, checked against the Hugging Face file directly.
+    hf = load_file(os.path.join(hf_dir, "model.safetensors"))
+    for tf_name, hf_name, transposed in [
+            ("cls/predictions/transform/dense/kernel", "cls.predictions.transform.dense.weight",
+             True),
+            ("cls/predictions/transform/LayerNorm/gamma",
+             "cls.predictions.transform.LayerNorm.weight", False),
+            ("cls/predictions/output_bias", "cls.predictions.bias", False),
+            ("cls/seq_relationship/output_weights", "cls.seq_relationship.weight", False),
+            ("cls/seq_relationship/output_bias", "cls.seq_relationship.bias", False),
+            ("bert/pooler/dense/kernel", "bert.pooler.dense.weight", True)]:
+        want = hf[hf_name].T if transposed else hf[hf_name]
+        np.testing.assert_array_equal(tensors[tf_name], want, err_msg=tf_name)
     back = convert.read("tf", prefix, **QUIET)
     want, got = cparams.flatten(converted.params), cparams.flatten(back.params)
     assert want.keys() == got.keys()

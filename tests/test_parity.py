@@ -213,8 +213,14 @@ def test_tf_checkpoint_round_trip(minilm_dir, batch, tmp_path):
             ("bert/encoder/layer_0/intermediate/dense/kernel",
              "encoder.layer.0.intermediate.dense.weight")]:
         np.testing.assert_array_equal(reader.get_tensor(tf_name), hf.get_tensor(hf_name).T)
-    np.testing.assert_array_equal(reader.get_tensor("bert/encoder/layer_2/attention/self/query/bias"),
-                                  hf.get_tensor("encoder.layer.2.attention.self.query.bias"))
+    for tf_name, hf_name in [
+            ("bert/encoder/layer_2/attention/self/query/bias",
+             "encoder.layer.2.attention.self.query.bias"),
+            ("bert/encoder/layer_1/attention/output/LayerNorm/gamma",
+             "encoder.layer.1.attention.output.LayerNorm.weight"),
+            ("bert/embeddings/LayerNorm/beta", "embeddings.LayerNorm.bias"),
+            ("bert/embeddings/token_type_embeddings", "embeddings.token_type_embeddings.weight")]:
+        np.testing.assert_array_equal(reader.get_tensor(tf_name), hf.get_tensor(hf_name))
     np.testing.assert_array_equal(reader.get_tensor("cls/seq_relationship/output_weights"),
                                   np.asarray(params["nsp"]["kernel"]).T)
 
@@ -224,6 +230,7 @@ def test_tf_checkpoint_round_trip(minilm_dir, batch, tmp_path):
     assert original.keys() == recovered.keys()
     for path in original:
         np.testing.assert_array_equal(recovered[path], original[path], err_msg=path)
-    ours, again = bertjax_outputs(config, params, batch), bertjax_outputs(config, back.params, batch)
+    ours = bertjax_outputs(config, params, batch)
+    again = bertjax_outputs(config, back.params, batch)
     for key in ours:
         np.testing.assert_array_equal(again[key], ours[key], err_msg=key)

@@ -10,6 +10,7 @@ Conversion is the rename table in `table.py` plus reshapes; see `params.py` for 
 
 from __future__ import annotations
 
+import os
 import sys
 
 from bertjax.convert import files
@@ -40,6 +41,8 @@ def write_bertjax(directory: str, converted: Converted, overwrite: bool = False,
 
 def read(fmt: str, path: str, seed: int = 0, log: Log = print) -> Converted:
     from bertjax.convert import hf, tf
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+        raise FileNotFoundError(f"{path}: no such directory")
     if fmt == "hf":
         return hf.read_hf(path, seed, log)
     if fmt == "tf":

@@ -114,7 +114,7 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
     partial = {part for part in absent_parts
                if any(row.name(fmt) in available for row in rows if row.ours.startswith(part))}
     required = [row.name(fmt) for row in missing
-                if table.optional_part(row.ours) is None or table.optional_part(row.ours) in partial]
+                if table.optional_part(row.ours) in (None, *partial)]
     problems = []
     if unexpected:
         problems.append(_problems("unexpected tensors (not part of a BERT pretraining model)",

@@ -108,7 +108,8 @@ def rows(num_hidden_layers: int) -> list[Row]:
     table += _norm("bert/embeddings/layer_norm", "bert/embeddings/LayerNorm",
                    "bert.embeddings.LayerNorm")
     for i in range(num_hidden_layers):
-        ours, tf, hf = f"bert/encoder/layer_{i}", f"bert/encoder/layer_{i}", f"bert.encoder.layer.{i}"
+        ours = tf = f"bert/encoder/layer_{i}"
+        hf = f"bert.encoder.layer.{i}"
         for n in ("query", "key", "value"):
             table += _dense(f"{ours}/attention/{n}", f"{tf}/attention/self/{n}",
                             f"{hf}.attention.self.{n}", Kind.HEADS_IN, Kind.HEADS_BIAS)
