@@ -72,6 +72,14 @@ def unflatten(flat: dict) -> dict:
     return tree
 
 
+def host_device():
+    """Where converted params are built: host memory, not an accelerator's."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS leaves out the CPU backend
+        return jax.devices()[0]
+
+
 def init_fresh(config: BertConfig, paths: list[str], seed: int) -> dict:
     """The listed params as a fresh model with this seed would have them; jit lets XLA drop
     the initialisation of everything else, so the rest of a big model is never materialised."""
@@ -83,8 +91,7 @@ def init_fresh(config: BertConfig, paths: list[str], seed: int) -> dict:
         flat = flatten(nn.unbox(model.init(rng, *_dummy_inputs())["params"]))
         return {p: flat[p] for p in paths}
 
-    cpu = jax.devices("cpu")[0]
-    with jax.default_device(cpu):
+    with jax.default_device(host_device()):
         return jax.jit(init)(jax.random.PRNGKey(seed))
 
 
@@ -128,13 +135,13 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
     if problems:
         raise ValueError(f"{source.path}: " + ". ".join(problems))
 
-    cpu = jax.devices("cpu")[0]
+    device = host_device()
     present = [row for row in rows if row.name(fmt) in available]
     log(f"reading {len(present)} tensors from {source.path}")
     flat = {}
     for row in present:
         x = row.to_ours(source.get(row.name(fmt)), fmt, shapes[row.ours])
-        flat[row.ours] = jax.device_put(x.astype(config.param_dtype), cpu)
+        flat[row.ours] = jax.device_put(x.astype(config.param_dtype), device)
     fresh = [row.ours for row in missing]
     if fresh:
         log(f"initialising {', '.join(sorted(absent_parts))} fresh "
