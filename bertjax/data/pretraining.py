@@ -1,0 +1,325 @@
+"""The pretraining input pipeline: tokenized document shards -> masked BERT batches, per host.
+
+    it = pretraining_dataset(shard_dir, vocab=Vocab.from_tokenizer(tok), max_seq_length=128,
+                             max_predictions_per_seq=20, global_batch_size=256, seed=0,
+                             process_index=jax.process_index(), process_count=jax.process_count())
+    batch = next(it)             # dict of numpy arrays, this host's global_batch_size / hosts rows
+    saved = it.position()        # small dict of ints: save it with the checkpoint
+    it = pretraining_dataset(..., start_position=saved)   # continues with the very next batch
+
+Each host reads shard files i, i + n, ... and keeps their documents in memory
+(`document_pool`), because the random "next sentence" must come from *any other* document:
+a second, independently shuffled stream could hand back the same document (the known bug of
+other ports), and random access into memory is both exact and fast. The limit is host
+memory: about 2 GB per billion tokens.
+
+Every epoch visits the host's documents in a new seeded permutation (`index_shuffle`, so no
+permutation is materialised), in blocks of `shuffle_documents` documents. One tf.data map
+call turns a whole block into examples with TF ops (`pairs`, then `masking`) and shuffles
+them: that is the mixing window, in place of a shuffle buffer whose contents a checkpoint
+could not hold cheaply. Every random draw is a stateless op seeded by (seed, host, epoch,
+block), so the stream is the same whatever `num_parallel_calls`, and a position
+(epoch, block, examples of the block already emitted) restores it by rebuilding one block.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterator, Mapping
+
+import numpy as np
+import tensorflow as tf
+
+from bertjax.data import document_pool, masking, pairs
+
+
+def _hide_accelerators() -> None:
+    # TF must not grab the GPU/TPU memory that JAX is about to use.
+    for kind in ("GPU", "TPU"):
+        try:
+            tf.config.set_visible_devices([], kind)
+        except (RuntimeError, ValueError):
+            pass  # already initialised, or no such device type in this build
+
+
+_hide_accelerators()
+
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_labels")
+_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+
+
+@dataclasses.dataclass(frozen=True)
+class Vocab:
+    """What the pipeline needs of a tokenizer: its size, special ids and word starts."""
+    size: int
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    word_start: np.ndarray | None = None  # bool [size], for whole-word masking
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> Vocab:
+        ids = tokenizer.special_ids()
+        return cls(tokenizer.vocab_size, ids["[PAD]"], ids["[UNK]"], ids["[CLS]"],
+                   ids["[SEP]"], ids["[MASK]"], np.asarray(tokenizer.word_start_table(), bool))
+
+    def special_ids(self) -> dict[str, int]:
+        return dict(zip(_SPECIAL_TOKENS,
+                        (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)))
+
+    def random_ids(self) -> np.ndarray:
+        """The ids a 'random token' replacement draws from: every id but the special ones."""
+        return np.setdiff1d(np.arange(self.size), list(self.special_ids().values())).astype(np.int32)
+
+    def check(self, whole_word_masking: bool) -> None:
+        ids = self.special_ids()
+        bad = {k: v for k, v in ids.items() if not 0 <= v < self.size}
+        if bad:
+            raise ValueError(f"special token ids {bad} outside the vocabulary [0, {self.size})")
+        if len(set(ids.values())) != len(ids):
+            raise ValueError(f"special token ids must differ, got {ids}")
+        if whole_word_masking and (self.word_start is None
+                                   or np.shape(self.word_start) != (self.size,)):
+            raise ValueError(
+                "whole_word_masking needs Vocab.word_start, a bool table of shape "
+                f"[{self.size}], got {None if self.word_start is None else np.shape(self.word_start)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """How examples are made from documents (BERT's defaults)."""
+    max_seq_length: int
+    max_predictions_per_seq: int
+    mask_rate: float = 0.15
+    mask_prob: float = 0.8
+    random_prob: float = 0.1
+    whole_word_masking: bool = False
+    nsp: bool = True
+    short_seq_prob: float = 0.1
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Text tokens of a full sequence: L minus [CLS] and one or two [SEP]."""
+        return self.max_seq_length - (3 if self.nsp else 2)
+
+    def check(self) -> None:
+        length, preds = self.max_seq_length, self.max_predictions_per_seq
+        least = 5 if self.nsp else 4
+        if length < least:
+            raise ValueError(
+                f"max_seq_length={length} is too small: need at least {least} for "
+                + ("[CLS] A [SEP] B [SEP]" if self.nsp else "[CLS] A [SEP]")
+                + " with a target of at least 2 text tokens")
+        for name in ("mask_rate", "mask_prob", "random_prob", "short_seq_prob"):
+            value = getattr(self, name)
+            if not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name}={value} must be in [0, 1]")
+        if self.mask_rate == 0:
+            raise ValueError("mask_rate=0 would give nothing to predict; BERT uses 0.15")
+        if self.mask_prob + self.random_prob > 1.0:
+            raise ValueError(f"mask_prob={self.mask_prob} + random_prob={self.random_prob} > 1: "
+                             "the rest is the share kept unchanged, so it cannot be negative")
+        needed = int(round(self.mask_rate * self.max_num_tokens))
+        if preds < needed:
+            raise ValueError(
+                f"max_predictions_per_seq={preds} is too small for max_seq_length={length} at "
+                f"mask_rate={self.mask_rate}: a full sequence has {self.max_num_tokens} text "
+                f"tokens, round({self.mask_rate} * {self.max_num_tokens}) = {needed} to predict; "
+                f"set max_predictions_per_seq >= {needed}")
+        if preds > length:
+            raise ValueError(f"max_predictions_per_seq={preds} > max_seq_length={length}")
+
+
+def _position(epoch: int, block: int, example: int) -> dict[str, int]:
+    return {"epoch": int(epoch), "block": int(block), "example": int(example)}
+
+
+class PretrainingIterator:
+    """Iterates numpy batches (dicts keyed by FEATURES); `position()` says where it stands."""
+
+    def __init__(self, dataset: tf.data.Dataset, blocks_per_epoch: int,
+                 start: Mapping[str, int], batch_size: int):
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self._blocks_per_epoch = blocks_per_epoch
+        self._position = _position(start["epoch"], start["block"], start["example"])
+        self._iterator = iter(dataset)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        block = int(batch["_block"][-1])
+        self._position = _position(block // self._blocks_per_epoch,
+                                   block % self._blocks_per_epoch, int(batch["_example"][-1]) + 1)
+        return {k: batch[k].numpy() for k in FEATURES}
+
+    def position(self) -> dict[str, int]:
+        """After the last batch returned: restore with `start_position=` to continue from it."""
+        return dict(self._position)
+
+
+def _seed(seed: int, *keys) -> tf.Tensor:
+    out = tf.constant([seed, 0x0BE27], tf.int64)
+    for key in keys:
+        out = tf.random.fold_in(out, tf.cast(key, tf.int64))
+    return out
+
+
+def _block_examples(pool: document_pool.DocumentPool, recipe: Recipe, vocab: Vocab, *,
+                    seed: int, process_index: int, shuffle_documents: int):
+    """The tf.data map function: (flat block number, examples to skip) -> that block's examples."""
+    tensors = pairs.PoolTensors(tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
+                                tf.constant(pool.document_starts))
+    num_docs = pool.num_documents
+    blocks_per_epoch = -(-num_docs // shuffle_documents)
+    random_ids = tf.constant(vocab.random_ids())
+    word_start = (tf.constant(np.asarray(vocab.word_start, bool))
+                  if recipe.whole_word_masking else None)
+    spans_fn = pairs.nsp_spans if recipe.nsp else pairs.single_spans
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops: nothing to convert, faster tracing
+    def make(block, skip):
+        epoch, in_epoch = block // blocks_per_epoch, block % blocks_per_epoch
+        first = in_epoch * shuffle_documents
+        slots = tf.range(first, tf.minimum(first + shuffle_documents, num_docs))
+        doc_ids = tf.random.experimental.index_shuffle(
+            slots, _seed(seed, process_index, epoch), tf.constant(num_docs - 1, tf.int64))
+        block_seed = _seed(seed, process_index, epoch, in_epoch, 1)
+        pair_seed, trunc_seed, mask_seed, order_seed = tf.unstack(tf.random.split(block_seed, 4))
+        spans, target = spans_fn(doc_ids, pair_seed, tensors, max_num_tokens=recipe.max_num_tokens,
+                                 short_seq_prob=recipe.short_seq_prob)
+        if recipe.nsp:
+            spans = pairs.truncate_pair(spans, target, trunc_seed)
+        ex = pairs.assemble(tensors.tokens, spans, seq_len=recipe.max_seq_length,
+                            cls_id=vocab.cls_id, sep_id=vocab.sep_id, pad_id=vocab.pad_id,
+                            pair=recipe.nsp)
+        ex.update(masking.mask_batch(
+            ex["input_ids"], ex.pop("maskable"), mask_seed,
+            max_predictions=recipe.max_predictions_per_seq, mask_rate=recipe.mask_rate,
+            mask_prob=recipe.mask_prob, random_prob=recipe.random_prob, mask_id=vocab.mask_id,
+            random_ids=random_ids, word_start=word_start))
+        ex["next_sentence_labels"] = spans.next_sentence_labels
+        count = tf.shape(spans.a0)[0]
+        order = tf.argsort(tf.random.stateless_uniform([count], order_seed), stable=True)
+        order = order[tf.minimum(tf.cast(skip, tf.int32), count):]
+        ex = {k: tf.gather(v, order) for k, v in ex.items()}
+        ex["_block"] = tf.fill(tf.shape(order), block)
+        ex["_example"] = tf.range(count - tf.shape(order)[0], count)
+        return ex
+
+    return make, blocks_per_epoch
+
+
+def _load(shard_dir, recipe, vocab, *, process_index, process_count, heldout_fraction,
+          heldout, max_document_tokens):
+    recipe.check()
+    vocab.check(recipe.whole_word_masking)
+    if not 0.0 <= heldout_fraction < 1.0:
+        raise ValueError(f"heldout_fraction={heldout_fraction} must be in [0, 1)")
+    paths = document_pool.host_shard_paths(shard_dir, process_index, process_count)
+    pool = document_pool.load_pool(paths, vocab_size=vocab.size,
+                                   max_document_tokens=max_document_tokens,
+                                   heldout_fraction=heldout_fraction, heldout=heldout)
+    least = 2 if recipe.nsp else 1
+    if pool.num_documents < least:
+        which = "held-out" if heldout else "training"
+        raise ValueError(
+            f"{shard_dir}: host {process_index} of {process_count} has {pool.num_documents} "
+            f"{which} documents (files {[p.rsplit('/', 1)[-1] for p in paths][:4]}, "
+            f"heldout_fraction={heldout_fraction}); "
+            + ("next-sentence prediction needs at least two: the random next sentence comes "
+               "from another document" if recipe.nsp else "need at least one"))
+    return pool
+
+
+def _host_batch(global_batch_size: int, process_count: int) -> int:
+    if global_batch_size < process_count or global_batch_size % process_count:
+        raise ValueError(f"global_batch_size={global_batch_size} does not divide evenly over "
+                         f"process_count={process_count} hosts")
+    return global_batch_size // process_count
+
+
+def _batches(blocks: tf.data.Dataset, make, batch_size: int, num_parallel_calls) -> tf.data.Dataset:
+    ds = blocks.map(make, num_parallel_calls=num_parallel_calls, deterministic=True)
+    return ds.rebatch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
+                        max_predictions_per_seq: int, global_batch_size: int, seed: int,
+                        mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
+                        whole_word_masking: bool = False, nsp: bool = True,
+                        short_seq_prob: float = 0.1, shuffle_documents: int = 1024,
+                        heldout_fraction: float = 0.0, process_index: int = 0,
+                        process_count: int = 1, num_parallel_calls: int = tf.data.AUTOTUNE,
+                        start_position: Mapping[str, int] | None = None,
+                        max_document_tokens: int = 1_000_000) -> PretrainingIterator:
+    """Endless training batches of this host's share of `shard_dir`, from `start_position`.
+
+    Trains on the documents not held out by `heldout_fraction` (see `eval_dataset`).
+    `shuffle_documents` documents form one block, the window within which examples mix.
+    """
+    recipe = Recipe(max_seq_length, max_predictions_per_seq, mask_rate, mask_prob, random_prob,
+                    whole_word_masking, nsp, short_seq_prob)
+    batch_size = _host_batch(global_batch_size, process_count)
+    if shuffle_documents < 1:
+        raise ValueError(f"shuffle_documents={shuffle_documents} must be at least 1")
+    pool = _load(shard_dir, recipe, vocab, process_index=process_index,
+                 process_count=process_count, heldout_fraction=heldout_fraction, heldout=False,
+                 max_document_tokens=max_document_tokens)
+    make, blocks_per_epoch = _block_examples(pool, recipe, vocab, seed=seed,
+                                             process_index=process_index,
+                                             shuffle_documents=shuffle_documents)
+    start = dict(start_position or _position(0, 0, 0))
+    if set(start) != {"epoch", "block", "example"} or not 0 <= start["block"] < blocks_per_epoch:
+        raise ValueError(
+            f"start_position={dict(start)} does not fit this pipeline ({blocks_per_epoch} blocks "
+            "per epoch): it must come from position() of a pipeline over the same shards, "
+            "hosts and shuffle_documents")
+    first = start["epoch"] * blocks_per_epoch + start["block"]
+    blocks = tf.data.Dataset.counter(first).map(
+        lambda b: (b, tf.where(b == first, tf.constant(start["example"], tf.int64), 0)))
+    return PretrainingIterator(_batches(blocks, make, batch_size, num_parallel_calls),
+                               blocks_per_epoch, start, batch_size)
+
+
+def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
+                 max_predictions_per_seq: int, global_batch_size: int, seed: int = 0,
+                 num_batches: int | None = None, heldout_fraction: float = 0.0,
+                 mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
+                 whole_word_masking: bool = False, nsp: bool = True, short_seq_prob: float = 0.1,
+                 shuffle_documents: int = 1024, process_index: int = 0, process_count: int = 1,
+                 num_parallel_calls: int = tf.data.AUTOTUNE,
+                 max_document_tokens: int = 1_000_000) -> PretrainingIterator:
+    """Held-out batches, the same ones at every call: the documents that `pretraining_dataset`
+    with the same `heldout_fraction` leaves out, or, with `heldout_fraction=0`, every document
+    of `shard_dir` (a separate evaluation directory).
+
+    `num_batches=None` is one pass (remainder dropped); with several hosts pass `num_batches`,
+    so that every host runs the same number of steps (the stream then cycles if needed).
+    """
+    recipe = Recipe(max_seq_length, max_predictions_per_seq, mask_rate, mask_prob, random_prob,
+                    whole_word_masking, nsp, short_seq_prob)
+    batch_size = _host_batch(global_batch_size, process_count)
+    if num_batches is None and process_count > 1:
+        raise ValueError(f"eval_dataset over {process_count} hosts needs num_batches: one pass "
+                         "gives each host a different number of batches and the step would hang")
+    pool = _load(shard_dir, recipe, vocab, process_index=process_index,
+                 process_count=process_count, heldout_fraction=heldout_fraction, heldout=True,
+                 max_document_tokens=max_document_tokens)
+    make, blocks_per_epoch = _block_examples(pool, recipe, vocab, seed=seed,
+                                             process_index=process_index,
+                                             shuffle_documents=shuffle_documents)
+    if num_batches is None:
+        blocks = tf.data.Dataset.range(blocks_per_epoch)
+    else:
+        blocks = tf.data.Dataset.counter()
+    ds = _batches(blocks.map(lambda b: (b, tf.constant(0, tf.int64))), make, batch_size,
+                  num_parallel_calls)
+    if num_batches is not None:
+        ds = ds.take(num_batches)
+    return PretrainingIterator(ds, blocks_per_epoch, _position(0, 0, 0), batch_size)
