@@ -48,6 +48,17 @@ def corpus(tmp_path_factory):
     return directory, docs, sentence_starts
 
 
+@pytest.fixture(scope="module")
+def stream(corpus):
+    """The first 700 batches (11,200 examples) of the default pipeline, and position() after each."""
+    it = _dataset(corpus[0])
+    batches, positions = [], []
+    for _ in range(700):
+        batches.append(next(it))
+        positions.append(it.position())
+    return batches, positions
+
+
 def _dataset(directory, **kw):
     args = dict(vocab=VOCAB, max_seq_length=L, max_predictions_per_seq=P, global_batch_size=16,
                 seed=3, shuffle_documents=8)
@@ -87,11 +98,12 @@ def _sentence_of(sentence_starts, doc, pos):
     return np.searchsorted(sentence_starts[doc], pos, side="right") - 1
 
 
-def test_pairs_follow_the_original_recipe(corpus):
-    directory, docs, starts = corpus
-    ex = _stack(_take(_dataset(directory), 700))  # 11,200 examples
+def test_pairs_follow_the_original_recipe(corpus, stream):
+    _, docs, starts = corpus
+    ex = _stack(stream[0])
     ids = _unmasked(ex)
     stats = {"random": 0, "short": 0, "unconstrained": 0}
+    short_lengths = []
     for i, row in enumerate(ids):
         a, b = _split(row)
         (doc_a, pos_a), (doc_b, pos_b) = _where(a), _where(b)
@@ -116,7 +128,9 @@ def test_pairs_follow_the_original_recipe(corpus):
         last_sentence_start = starts[doc_b[0]][-2]
         if pos_b[-1] < last_sentence_start:
             stats["unconstrained"] += 1
-            stats["short"] += length < L - 3
+            if length < L - 3:
+                stats["short"] += 1
+                short_lengths.append(length)
         # Segment ids, input mask and padding agree with the layout.
         n = length + 3
         np.testing.assert_array_equal(ex["input_mask"][i], np.arange(L) < n)
@@ -128,25 +142,18 @@ def test_pairs_follow_the_original_recipe(corpus):
     expected_short = 0.1 * (L - 5) / (L - 4)
     assert stats["unconstrained"] > 0.8 * total
     assert abs(stats["short"] / stats["unconstrained"] - expected_short) < 0.015
+    # ... and truncated to that target (the mean of uniform [2, L-4] is L/2 - 1).
+    assert min(short_lengths) == 2 and abs(np.mean(short_lengths) - (L / 2 - 1)) < 2
 
 
-def _epoch_examples(it, epoch=0):
-    """All examples of one epoch, using position() to find where the next epoch begins."""
-    rows = []
-    while True:
-        batch = next(it)
-        rows.append(batch)
-        pos = it.position()
-        if pos["epoch"] > epoch:
-            ex = _stack(rows)
-            return {k: v[:len(v) - pos["example"]] for k, v in ex.items()}
-
-
-def test_unused_sentences_are_put_back(corpus):
-    directory, docs, starts = corpus
-    ex = _epoch_examples(_dataset(directory, global_batch_size=4))
+def test_unused_sentences_are_put_back(corpus, stream):
+    _, docs, starts = corpus
+    batches, positions = stream
+    # Examples of epoch 0: up to the batch after which position() first says epoch 1.
+    last = next(i for i, p in enumerate(positions) if p["epoch"] == 1)
+    ex = _stack(batches[:last + 1])
+    ids = _unmasked(ex)[:-positions[last]["example"]]
     used = {d: np.zeros(len(doc), bool) for d, doc in enumerate(docs)}
-    ids = _unmasked(ex)
     for row, label in zip(ids, ex["next_sentence_labels"]):
         a, b = _split(row)
         for part in (a, b) if label == 0 else (a,):
@@ -158,30 +165,27 @@ def test_unused_sentences_are_put_back(corpus):
     assert share > 0.95
 
 
-def test_same_stream_whatever_the_parallelism(corpus):
+def test_same_stream_whatever_the_parallelism(corpus, stream):
     directory = corpus[0]
-    streams = [_stack(_take(_dataset(directory, num_parallel_calls=n), 25))
-               for n in (1, 4, pretraining.tf.data.AUTOTUNE)]
-    for other in streams[1:]:
+    reference = _stack(stream[0][:25])  # built with num_parallel_calls=AUTOTUNE
+    for n in (1, 4):
+        other = _stack(_take(_dataset(directory, num_parallel_calls=n), 25))
         for k in pretraining.FEATURES:
-            np.testing.assert_array_equal(streams[0][k], other[k])
+            np.testing.assert_array_equal(reference[k], other[k])
     different_seed = _stack(_take(_dataset(directory, seed=4), 25))
-    assert not np.array_equal(streams[0]["input_ids"], different_seed["input_ids"])
+    assert not np.array_equal(reference["input_ids"], different_seed["input_ids"])
 
 
-def test_restoring_a_position_continues_with_the_same_batches(corpus):
+def test_restoring_a_position_continues_with_the_same_batches(corpus, stream):
     directory = corpus[0]
-    it = _dataset(directory)
-    checkpoints = []
-    for n in (3, 37, 50):  # mid-block, and past several blocks and an epoch boundary
-        _take(it, n)
-        saved = json.loads(json.dumps(it.position()))
-        checkpoints.append((saved, _take(it, 6)))
-    assert checkpoints[-1][0]["epoch"] >= 1
-    for saved, expected in checkpoints:
+    batches, positions = stream
+    epoch_end = next(i for i, p in enumerate(positions) if p["epoch"] == 1)
+    # Mid-block, and just before an epoch boundary (the next batches span it).
+    for i in (2, epoch_end - 2):
+        saved = json.loads(json.dumps(positions[i]))
         restored = _dataset(directory, start_position=saved)
         assert restored.position() == saved
-        for want, got in zip(expected, _take(restored, 6)):
+        for want, got in zip(batches[i + 1:i + 7], _take(restored, 6)):
             for k in pretraining.FEATURES:
                 np.testing.assert_array_equal(want[k], got[k])
 

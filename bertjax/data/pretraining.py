@@ -30,7 +30,8 @@ from typing import Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data import document_pool, masking, pairs
+from bertjax.data import document_pool, examples
+from bertjax.data.examples import Recipe
 
 
 def _hide_accelerators() -> None:
@@ -88,51 +89,6 @@ class Vocab:
                 f"[{self.size}], got {None if self.word_start is None else np.shape(self.word_start)}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Recipe:
-    """How examples are made from documents (BERT's defaults)."""
-    max_seq_length: int
-    max_predictions_per_seq: int
-    mask_rate: float = 0.15
-    mask_prob: float = 0.8
-    random_prob: float = 0.1
-    whole_word_masking: bool = False
-    nsp: bool = True
-    short_seq_prob: float = 0.1
-
-    @property
-    def max_num_tokens(self) -> int:
-        """Text tokens of a full sequence: L minus [CLS] and one or two [SEP]."""
-        return self.max_seq_length - (3 if self.nsp else 2)
-
-    def check(self) -> None:
-        length, preds = self.max_seq_length, self.max_predictions_per_seq
-        least = 5 if self.nsp else 4
-        if length < least:
-            raise ValueError(
-                f"max_seq_length={length} is too small: need at least {least} for "
-                + ("[CLS] A [SEP] B [SEP]" if self.nsp else "[CLS] A [SEP]")
-                + " with a target of at least 2 text tokens")
-        for name in ("mask_rate", "mask_prob", "random_prob", "short_seq_prob"):
-            value = getattr(self, name)
-            if not 0.0 <= value <= 1.0:
-                raise ValueError(f"{name}={value} must be in [0, 1]")
-        if self.mask_rate == 0:
-            raise ValueError("mask_rate=0 would give nothing to predict; BERT uses 0.15")
-        if self.mask_prob + self.random_prob > 1.0:
-            raise ValueError(f"mask_prob={self.mask_prob} + random_prob={self.random_prob} > 1: "
-                             "the rest is the share kept unchanged, so it cannot be negative")
-        needed = int(round(self.mask_rate * self.max_num_tokens))
-        if preds < needed:
-            raise ValueError(
-                f"max_predictions_per_seq={preds} is too small for max_seq_length={length} at "
-                f"mask_rate={self.mask_rate}: a full sequence has {self.max_num_tokens} text "
-                f"tokens, round({self.mask_rate} * {self.max_num_tokens}) = {needed} to predict; "
-                f"set max_predictions_per_seq >= {needed}")
-        if preds > length:
-            raise ValueError(f"max_predictions_per_seq={preds} > max_seq_length={length}")
-
-
 def _position(epoch: int, block: int, example: int) -> dict[str, int]:
     return {"epoch": int(epoch), "block": int(block), "example": int(example)}
 
@@ -163,56 +119,19 @@ class PretrainingIterator:
         return dict(self._position)
 
 
-def _seed(seed: int, *keys) -> tf.Tensor:
-    out = tf.constant([seed, 0x0BE27], tf.int64)
-    for key in keys:
-        out = tf.random.fold_in(out, tf.cast(key, tf.int64))
-    return out
-
-
 def _block_examples(pool: document_pool.DocumentPool, recipe: Recipe, vocab: Vocab, *,
                     seed: int, process_index: int, shuffle_documents: int):
-    """The tf.data map function: (flat block number, examples to skip) -> that block's examples."""
-    tensors = pairs.PoolTensors(tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
-                                tf.constant(pool.document_starts))
-    num_docs = pool.num_documents
-    blocks_per_epoch = -(-num_docs // shuffle_documents)
-    random_ids = tf.constant(vocab.random_ids())
-    word_start = (tf.constant(np.asarray(vocab.word_start, bool))
-                  if recipe.whole_word_masking else None)
-    spans_fn = pairs.nsp_spans if recipe.nsp else pairs.single_spans
-
-    @tf.autograph.experimental.do_not_convert  # plain TF ops: nothing to convert, faster tracing
-    def make(block, skip):
-        epoch, in_epoch = block // blocks_per_epoch, block % blocks_per_epoch
-        first = in_epoch * shuffle_documents
-        slots = tf.range(first, tf.minimum(first + shuffle_documents, num_docs))
-        doc_ids = tf.random.experimental.index_shuffle(
-            slots, _seed(seed, process_index, epoch), tf.constant(num_docs - 1, tf.int64))
-        block_seed = _seed(seed, process_index, epoch, in_epoch, 1)
-        pair_seed, trunc_seed, mask_seed, order_seed = tf.unstack(tf.random.split(block_seed, 4))
-        spans, target = spans_fn(doc_ids, pair_seed, tensors, max_num_tokens=recipe.max_num_tokens,
-                                 short_seq_prob=recipe.short_seq_prob)
-        if recipe.nsp:
-            spans = pairs.truncate_pair(spans, target, trunc_seed)
-        ex = pairs.assemble(tensors.tokens, spans, seq_len=recipe.max_seq_length,
-                            cls_id=vocab.cls_id, sep_id=vocab.sep_id, pad_id=vocab.pad_id,
-                            pair=recipe.nsp)
-        ex.update(masking.mask_batch(
-            ex["input_ids"], ex.pop("maskable"), mask_seed,
-            max_predictions=recipe.max_predictions_per_seq, mask_rate=recipe.mask_rate,
-            mask_prob=recipe.mask_prob, random_prob=recipe.random_prob, mask_id=vocab.mask_id,
-            random_ids=random_ids, word_start=word_start))
-        ex["next_sentence_labels"] = spans.next_sentence_labels
-        count = tf.shape(spans.a0)[0]
-        order = tf.argsort(tf.random.stateless_uniform([count], order_seed), stable=True)
-        order = order[tf.minimum(tf.cast(skip, tf.int32), count):]
-        ex = {k: tf.gather(v, order) for k, v in ex.items()}
-        ex["_block"] = tf.fill(tf.shape(order), block)
-        ex["_example"] = tf.range(count - tf.shape(order)[0], count)
-        return ex
-
-    return make, blocks_per_epoch
+    """The tf.data map function: (block number, examples to skip) -> that block's examples."""
+    make = examples.block_function(recipe, cls_id=vocab.cls_id, sep_id=vocab.sep_id,
+                                   pad_id=vocab.pad_id, mask_id=vocab.mask_id,
+                                   token_dtype=tf.as_dtype(pool.tokens.dtype))
+    word_start = vocab.word_start if recipe.whole_word_masking else np.zeros(1, bool)
+    args = [tf.constant(x, tf.int64) for x in (seed, process_index, shuffle_documents)] + [
+        tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
+        tf.constant(pool.document_starts), tf.constant(vocab.random_ids()),
+        tf.constant(np.asarray(word_start, bool))]
+    blocks_per_epoch = -(-pool.num_documents // shuffle_documents)
+    return (lambda block, skip: make(block, skip, *args)), blocks_per_epoch
 
 
 def _load(shard_dir, recipe, vocab, *, process_index, process_count, heldout_fraction,
