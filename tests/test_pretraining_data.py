@@ -104,6 +104,7 @@ def test_pairs_follow_the_original_recipe(corpus, stream):
     ids = _unmasked(ex)
     stats = {"random": 0, "short": 0, "unconstrained": 0}
     short_lengths = []
+    cuts = {"front": 0, "back": 0}
     for i, row in enumerate(ids):
         a, b = _split(row)
         (doc_a, pos_a), (doc_b, pos_b) = _where(a), _where(b)
@@ -112,6 +113,10 @@ def test_pairs_follow_the_original_recipe(corpus, stream):
         # Each segment is one contiguous run of one document.
         assert (doc_a == doc_a[0]).all() and (np.diff(pos_a) == 1).all()
         assert (doc_b == doc_b[0]).all() and (np.diff(pos_b) == 1).all()
+        # Segments are whole sentences until truncation cuts the front or the back.
+        for doc, pos in ((doc_a, pos_a), (doc_b, pos_b)):
+            cuts["front"] += pos[0] not in starts[doc[0]]
+            cuts["back"] += pos[-1] + 1 not in starts[doc[0]]
         label = ex["next_sentence_labels"][i]
         if label == 1:
             stats["random"] += 1
@@ -138,6 +143,7 @@ def test_pairs_follow_the_original_recipe(corpus, stream):
                                       (np.arange(L) >= len(a) + 2) & (np.arange(L) < n))
     total = len(ids)
     assert abs(stats["random"] / total - 0.5) < 0.02
+    assert cuts["front"] > 500 and abs(cuts["front"] / (cuts["front"] + cuts["back"]) - 0.5) < 0.03
     # A short target is uniform in [2, L-3], so it equals L - 3 in 1/(L-4) of the cases.
     expected_short = 0.1 * (L - 5) / (L - 4)
     assert stats["unconstrained"] > 0.8 * total
