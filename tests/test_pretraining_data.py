@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from bertjax.data import pretraining, shards
+from bertjax.data import document_pool, pretraining, shards
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 STRIDE, BASE = 1500, 10
@@ -244,6 +244,22 @@ def test_heldout_documents_are_disjoint_and_eval_is_repeatable(corpus):
     assert docs_eval and docs_train and not docs_eval & docs_train
     fixed = list(pretraining.eval_dataset(directory, num_batches=3 * len(first), **args))
     assert len(fixed) == 3 * len(first)
+
+
+def _pool_documents(directory, host, hosts, heldout):
+    paths = document_pool.host_shard_paths(directory, host, hosts)
+    pool = document_pool.load_pool(paths, vocab_size=VOCAB.size, max_document_tokens=10**6,
+                                   heldout_fraction=0.25, heldout=heldout)
+    return {(pool.document(i)[0][0] - BASE) // STRIDE for i in range(pool.num_documents)}
+
+
+def test_heldout_split_is_the_same_whatever_the_number_of_hosts(corpus):
+    directory = corpus[0]
+    for heldout in (True, False):
+        one_host = _pool_documents(directory, 0, 1, heldout)
+        two_hosts = [_pool_documents(directory, h, 2, heldout) for h in range(2)]
+        assert one_host == two_hosts[0] | two_hosts[1] and not two_hosts[0] & two_hosts[1]
+    assert 4 <= len(_pool_documents(directory, 0, 1, True)) <= 16  # about 25% of 40
 
 
 def _error(match, directory, exc=ValueError, **kw):

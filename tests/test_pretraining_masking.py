@@ -31,7 +31,7 @@ def austen(tmp_path_factory):
     with open(AUSTEN, encoding="utf-8") as f:
         text = f.read()
     text = text[:len(text) // 4]
-    chapters = [c for c in re.split(r"\n(?:CHAPTER [IVXLC\d]+\.?|### \w+)\s*\n", text)
+    chapters = [c for c in re.split(r"(?im)^\s*(?:chapter\s+[ivxlc\d]+\.?|###.*)\s*$", text)
                 if len(c) > 200]
     sentences = [[s for s in re.split(r"(?<=[.!?])\s+", " ".join(c.split())) if s]
                  for c in chapters]
@@ -42,13 +42,24 @@ def austen(tmp_path_factory):
         i += len(doc)
     directory = str(tmp_path_factory.mktemp("austen"))
     shards.write_documents(directory, docs, num_shards=2)
-    tokens = tokenizer.get_vocab()
-    word_start = np.ones(len(tokens), bool)
-    for token, index in tokens.items():
-        word_start[index] = not token.startswith("##")
-    vocab = pretraining.Vocab(len(tokens), tokens["[PAD]"], tokens["[UNK]"], tokens["[CLS]"],
-                              tokens["[SEP]"], tokens["[MASK]"], word_start)
-    return directory, vocab
+    return directory, pretraining.Vocab.from_tokenizer(_WordPiece(tokenizer))
+
+
+class _WordPiece:
+    """The part of bertjax's Tokenizer interface that Vocab.from_tokenizer reads."""
+
+    def __init__(self, tokenizer):
+        self.tokens = tokenizer.get_vocab()
+        self.vocab_size = len(self.tokens)
+
+    def special_ids(self):
+        return {t: self.tokens[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
+
+    def word_start_table(self):
+        table = np.ones(self.vocab_size, bool)
+        for token, index in self.tokens.items():
+            table[index] = not token.startswith("##")
+        return table
 
 
 def _examples(austen, n_batches, **kw):
@@ -103,6 +114,7 @@ def test_masking_statistics_on_real_text(austen):
     _, _, original, now = _predictions(ex)
     masked, random, kept = _split_shares(original, now, vocab.mask_id)
     assert abs(masked - 0.8) < 0.015 and abs(random - 0.1) < 0.015 and abs(kept - 0.1) < 0.015
+    assert len(vocab.random_ids()) == vocab.size - 5
     replaced = now[(now != original) & (now != vocab.mask_id)]
     assert not np.isin(replaced, list(vocab.special_ids().values())).any()
     assert len(np.unique(replaced)) > 0.5 * len(replaced), "random tokens spread over the vocab"

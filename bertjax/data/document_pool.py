@@ -66,14 +66,15 @@ def host_shard_paths(shard_dir: str, process_index: int, process_count: int) -> 
     return paths[process_index::process_count]
 
 
-def heldout_scores(file_name: str, count: int) -> np.ndarray:
-    """float64 [count] in [0, 1): a stable pseudo-random score per record of a shard file.
+def heldout_scores(file_name: str, first: int, count: int) -> np.ndarray:
+    """float64 [count] in [0, 1): a stable pseudo-random score for records first, first + 1, ...
+    of a shard file.
 
     A document is held out when its score is below the held-out fraction. The score depends
     only on the file's base name and the record index (splitmix64 finaliser), never on hosts.
     """
     key = np.uint64(zlib.crc32(os.path.basename(file_name).encode())) << np.uint64(32)
-    z = key + np.arange(count, dtype=np.uint64)
+    z = key + np.arange(first, first + count, dtype=np.uint64)
     with np.errstate(over="ignore"):
         z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -98,6 +99,7 @@ def load_pool(paths: list[str], *, vocab_size: int, max_document_tokens: int,
 
     `heldout_fraction == 0` with `heldout=True` means every document (a separate eval directory).
     """
+    dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
     token_parts, sentence_parts, doc_sentence_counts = [], [], []
     for path in paths:
         record = 0
@@ -105,7 +107,7 @@ def load_pool(paths: list[str], *, vocab_size: int, max_document_tokens: int,
             count = len(doc_tokens)
             _check_batch(path, record, ids, doc_tokens, sent_lengths, doc_sentences,
                          vocab_size, max_document_tokens)
-            scores = heldout_scores(path, record + count)[record:]
+            scores = heldout_scores(path, record, count)
             keep = scores < heldout_fraction if heldout else scores >= heldout_fraction
             if heldout and heldout_fraction == 0:
                 keep = np.ones(count, bool)
@@ -115,12 +117,11 @@ def load_pool(paths: list[str], *, vocab_size: int, max_document_tokens: int,
             token_keep = np.repeat(keep, doc_tokens)
             sentence_keep = np.repeat(keep, doc_sentences) & (sent_lengths > 0)
             sentence_doc = np.repeat(np.arange(count), doc_sentences)[sentence_keep]
-            token_parts.append(ids[token_keep])
+            token_parts.append(ids[token_keep].astype(dtype))
             sentence_parts.append(sent_lengths[sentence_keep])
             per_doc = np.bincount(sentence_doc, minlength=count)[keep]
             doc_sentence_counts.append(per_doc[per_doc > 0])
-    dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
-    tokens = np.concatenate(token_parts or [np.zeros(0, np.int64)]).astype(dtype)
+    tokens = np.concatenate(token_parts or [np.zeros(0, dtype)])
     lengths = np.concatenate(sentence_parts or [np.zeros(0, np.int64)])
     counts = np.concatenate(doc_sentence_counts or [np.zeros(0, np.int64)])
     sentence_starts = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
