@@ -41,7 +41,8 @@ class FullTokenizer:
         chars = []
         for ch in text:
             cp = ord(ch)
-            if cp == 0 or cp == 0xFFFD or unicodedata.category(ch) in ("Cc", "Cf") and ch not in "\t\n\r":
+            control = unicodedata.category(ch) in ("Cc", "Cf") and ch not in "\t\n\r"
+            if cp == 0 or cp == 0xFFFD or control:
                 continue
             chars.append(f" {ch} " if _is_cjk(cp) else (" " if ch.isspace() else ch))
         words = []

@@ -50,7 +50,8 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stream(corpus):
-    """The first 700 batches (11,200 examples) of the default pipeline, and position() after each."""
+    """The first 700 batches (11,200 examples) of the default pipeline, and position() after
+    each of them."""
     it = _dataset(corpus[0])
     batches, positions = [], []
     for _ in range(700):

@@ -54,7 +54,8 @@ class DocumentPool:
 def host_shard_paths(shard_dir: str, process_index: int, process_count: int) -> list[str]:
     """The shard files host `process_index` reads: i, i + n, i + 2n, ... of the manifest."""
     if not 0 <= process_index < process_count:
-        raise ValueError(f"process_index={process_index} is not in [0, process_count={process_count})")
+        raise ValueError(
+            f"process_index={process_index} is not in [0, process_count={process_count})")
     if not tf.io.gfile.isdir(shard_dir):
         raise FileNotFoundError(f"shard directory {shard_dir!r} does not exist "
                                 "(run `python -m bertjax.prepare` to create it)")

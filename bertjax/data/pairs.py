@@ -1,8 +1,8 @@
 """TF ops: a block of documents -> `[CLS] A [SEP] B [SEP]` sequences, as BERT's original recipe.
 
-Works on a whole block of documents at once so tf.data runs it in its C++ threads; the only
-loop is over instance number within a document (vectorised across the block's documents),
-because where an instance starts depends on where the previous one ended.
+Works on a whole block of documents at once so tf.data runs it in its C++ threads. Where an
+instance starts depends on where the previous one ended; those chains are followed for all
+of a block's documents together by pointer doubling, so no op runs per instance or per token.
 
 Per document, as google-research/bert `create_instances_from_document`:
 - target length = max_num_tokens (max_seq_length - 3), or with probability `short_seq_prob` a
@@ -53,7 +53,6 @@ class Spans:
     b0: tf.Tensor
     b1: tf.Tensor
     next_sentence_labels: tf.Tensor  # int32 [N]: 1 when B is the random next
-    documents: tf.Tensor             # int64 [N]: the document A comes from
 
 
 def _randint(u: tf.Tensor, low: tf.Tensor, high: tf.Tensor) -> tf.Tensor:
@@ -145,7 +144,7 @@ def nsp_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
     spans = Spans(a0, a1,
                   tf.where(random_next, rb0, a1),
                   tf.where(random_next, tf.gather(sent, b_end), tf.gather(sent, chunk_end)),
-                  tf.cast(random_next, tf.int32), doc)
+                  tf.cast(random_next, tf.int32))
     return spans, target
 
 
@@ -167,10 +166,10 @@ def single_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
     offset = tf.cumsum(target, exclusive=True)
     a0 = tf.gather(start, row) + offset - tf.gather(offset, tf.gather(row_start, row))
     keep = a0 < tf.gather(end, row)
-    a0, row, target = tf.boolean_mask(a0, keep), tf.boolean_mask(row, keep), tf.boolean_mask(target, keep)
+    a0, row, target = (tf.boolean_mask(x, keep) for x in (a0, row, target))
     a1 = tf.minimum(a0 + target, tf.gather(end, row))
     zeros = tf.zeros_like(a0)
-    spans = Spans(a0, a1, zeros, zeros, tf.zeros(tf.shape(a0), tf.int32), tf.gather(doc_ids, row))
+    spans = Spans(a0, a1, zeros, zeros, tf.zeros(tf.shape(a0), tf.int32))
     return spans, target
 
 

@@ -7,6 +7,10 @@
     saved = it.position()        # small dict of ints: save it with the checkpoint
     it = pretraining_dataset(..., start_position=saved)   # continues with the very next batch
 
+A position belongs to one host (each host walks its own documents): with several hosts,
+save every host's position (e.g. gathered as a [process_count, 3] int array) and give each
+host its own back. It is only valid for the same shards, hosts and `shuffle_documents`.
+
 Each host reads shard files i, i + n, ... and keeps their documents in memory
 (`document_pool`), because the random "next sentence" must come from *any other* document:
 a second, independently shuffled stream could hand back the same document (the known bug of
@@ -73,7 +77,8 @@ class Vocab:
 
     def random_ids(self) -> np.ndarray:
         """The ids a 'random token' replacement draws from: every id but the special ones."""
-        return np.setdiff1d(np.arange(self.size), list(self.special_ids().values())).astype(np.int32)
+        special = list(self.special_ids().values())
+        return np.setdiff1d(np.arange(self.size), special).astype(np.int32)
 
     def check(self, whole_word_masking: bool) -> None:
         ids = self.special_ids()
@@ -82,11 +87,10 @@ class Vocab:
             raise ValueError(f"special token ids {bad} outside the vocabulary [0, {self.size})")
         if len(set(ids.values())) != len(ids):
             raise ValueError(f"special token ids must differ, got {ids}")
-        if whole_word_masking and (self.word_start is None
-                                   or np.shape(self.word_start) != (self.size,)):
-            raise ValueError(
-                "whole_word_masking needs Vocab.word_start, a bool table of shape "
-                f"[{self.size}], got {None if self.word_start is None else np.shape(self.word_start)}")
+        shape = None if self.word_start is None else np.shape(self.word_start)
+        if whole_word_masking and shape != (self.size,):
+            raise ValueError("whole_word_masking needs Vocab.word_start, a bool table of shape "
+                             f"[{self.size}], got {shape}")
 
 
 def _position(epoch: int, block: int, example: int) -> dict[str, int]:
@@ -98,7 +102,6 @@ class PretrainingIterator:
 
     def __init__(self, dataset: tf.data.Dataset, blocks_per_epoch: int,
                  start: Mapping[str, int], batch_size: int):
-        self.dataset = dataset
         self.batch_size = batch_size
         self._blocks_per_epoch = blocks_per_epoch
         self._position = _position(start["epoch"], start["block"], start["example"])
@@ -194,7 +197,8 @@ def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
                                              process_index=process_index,
                                              shuffle_documents=shuffle_documents)
     start = dict(start_position or _position(0, 0, 0))
-    if set(start) != {"epoch", "block", "example"} or not 0 <= start["block"] < blocks_per_epoch:
+    if (set(start) != {"epoch", "block", "example"} or min(start.values()) < 0
+            or start["block"] >= blocks_per_epoch):
         raise ValueError(
             f"start_position={dict(start)} does not fit this pipeline ({blocks_per_epoch} blocks "
             "per epoch): it must come from position() of a pipeline over the same shards, "
