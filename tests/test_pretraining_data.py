@@ -62,7 +62,7 @@ def stream(corpus):
 
 def _dataset(directory, **kw):
     args = dict(vocab=VOCAB, max_seq_length=L, max_predictions_per_seq=P, global_batch_size=16,
-                seed=3, shuffle_documents=8)
+                seed=3, shuffle_tokens=4096)
     args.update(kw)
     return pretraining.pretraining_dataset(directory, **args)
 
@@ -187,8 +187,8 @@ def test_restoring_a_position_continues_with_the_same_batches(corpus, stream):
     directory = corpus[0]
     batches, positions = stream
     epoch_end = next(i for i, p in enumerate(positions) if p["epoch"] == 1)
-    # Mid-block, and just before an epoch boundary (the next batches span it).
-    for i in (2, epoch_end - 2):
+    # Mid-block, in a later block, and just before an epoch boundary (the next batches span it).
+    for i in (2, 20, epoch_end - 2):
         saved = json.loads(json.dumps(positions[i]))
         restored = _dataset(directory, start_position=saved)
         assert restored.position() == saved
