@@ -5,12 +5,13 @@ with it (training and evaluation, every test): the documents and the seed are ar
 not captured constants. A call does everything for one block with TF ops, so tf.data runs
 blocks in parallel in its C++ threads:
 
-  block number -> epoch and block in the epoch -> the block's documents in this epoch's order
+  (epoch, block, its slots in the epoch's document order) -> the block's documents
   -> pairs (`pairs`) -> truncation -> `[CLS] A [SEP] B [SEP]` -> masks (`masking`)
   -> a seeded shuffle of the block's examples -> drop the first `skip` (to resume).
 
-Every random draw is a stateless op seeded by (seed, host, epoch, block in epoch), so the
-block's examples are a function of those numbers alone.
+`epoch_blocks` cuts each epoch's document order into blocks of about `block_tokens` tokens.
+Every random draw is a stateless op seeded by (seed, host, epoch, block), so a block's
+examples are a function of those numbers alone.
 """
 
 from __future__ import annotations
@@ -77,31 +78,48 @@ def _seed(seed: tf.Tensor, *keys: tf.Tensor) -> tf.Tensor:
     return out
 
 
+def _epoch_order(epoch, seed, host, num_docs, slots):
+    """Documents at `slots` of this epoch's seeded permutation of the host's documents."""
+    return tf.random.experimental.index_shuffle(slots, _seed(seed, host, epoch), num_docs - 1)
+
+
+@tf.function(input_signature=[tf.TensorSpec([], tf.int64)] * 4 + [tf.TensorSpec([None], tf.int64)],
+             autograph=False)
+def epoch_blocks(epoch, seed, host, block_tokens, document_tokens):
+    """[blocks, 2] int64: (first, end) slots of the epoch's document order that form each block.
+
+    A block takes documents in order while they start within its `block_tokens` window, so it
+    holds about `block_tokens` tokens (plus at most one document) whatever the documents' sizes.
+    """
+    num_docs = tf.shape(document_tokens, out_type=tf.int64)[0]
+    sizes = tf.gather(document_tokens, _epoch_order(epoch, seed, host, num_docs,
+                                                    tf.range(num_docs)))
+    window = tf.cumsum(sizes, exclusive=True) // block_tokens
+    first = tf.where(tf.concat([[True], window[1:] != window[:-1]], axis=0))[:, 0]
+    return tf.stack([first, tf.concat([first[1:], [num_docs]], axis=0)], axis=1)
+
+
 @functools.lru_cache(maxsize=None)
 def block_function(recipe: Recipe, *, cls_id: int, sep_id: int, pad_id: int, mask_id: int,
                    token_dtype: tf.DType):
-    """tf.function(block, skip, seed, host, shuffle_documents, tokens, sentence_starts,
-    document_starts, random_ids, word_start) -> dict of the block's examples, [N, ...] each,
-    plus `_block` and `_example` (the block number and the example's index in the block)."""
+    """tf.function(epoch, block, first, end, skip, seed, host, tokens, sentence_starts,
+    document_starts, random_ids, word_start) -> dict of the examples of the block made of
+    slots [first, end) of the epoch's document order, [N, ...] each, without the first `skip`,
+    plus `_epoch`, `_block` and `_example` (the example's index in the block)."""
     spans_fn = pairs.nsp_spans if recipe.nsp else pairs.single_spans
     scalar = tf.TensorSpec([], tf.int64)
-    signature = [scalar, scalar, scalar, scalar, scalar,
-                 tf.TensorSpec([None], token_dtype), tf.TensorSpec([None], tf.int64),
-                 tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32),
-                 tf.TensorSpec([None], tf.bool)]
+    signature = [scalar] * 7 + [
+        tf.TensorSpec([None], token_dtype), tf.TensorSpec([None], tf.int64),
+        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32),
+        tf.TensorSpec([None], tf.bool)]
 
     @tf.function(input_signature=signature, autograph=False)
-    def make(block, skip, seed, host, shuffle_documents, tokens, sentence_starts,
+    def make(epoch, block, first, end, skip, seed, host, tokens, sentence_starts,
              document_starts, random_ids, word_start):
         pool = pairs.PoolTensors(tokens, sentence_starts, document_starts)
         num_docs = tf.shape(document_starts, out_type=tf.int64)[0] - 1
-        blocks_per_epoch = (num_docs + shuffle_documents - 1) // shuffle_documents
-        epoch, in_epoch = block // blocks_per_epoch, block % blocks_per_epoch
-        first = in_epoch * shuffle_documents
-        slots = tf.range(first, tf.minimum(first + shuffle_documents, num_docs))
-        doc_ids = tf.random.experimental.index_shuffle(slots, _seed(seed, host, epoch),
-                                                       num_docs - 1)
-        block_seed = _seed(seed, host, epoch, in_epoch, 1)
+        doc_ids = _epoch_order(epoch, seed, host, num_docs, tf.range(first, end))
+        block_seed = _seed(seed, host, epoch, block, 1)
         pair_seed, trunc_seed, mask_seed, order_seed = tf.unstack(tf.random.split(block_seed, 4))
         spans, target = spans_fn(doc_ids, pair_seed, pool, max_num_tokens=recipe.max_num_tokens,
                                  short_seq_prob=recipe.short_seq_prob)
@@ -119,6 +137,7 @@ def block_function(recipe: Recipe, *, cls_id: int, sep_id: int, pad_id: int, mas
         order = tf.argsort(tf.random.stateless_uniform([count], order_seed), stable=True)
         order = order[tf.minimum(tf.cast(skip, tf.int32), count):]
         ex = {k: tf.gather(v, order) for k, v in ex.items()}
+        ex["_epoch"] = tf.fill(tf.shape(order), epoch)
         ex["_block"] = tf.fill(tf.shape(order), block)
         ex["_example"] = tf.range(count - tf.shape(order)[0], count)
         return ex

@@ -9,7 +9,7 @@
 
 A position belongs to one host (each host walks its own documents): with several hosts,
 save every host's position (e.g. gathered as a [process_count, 3] int array) and give each
-host its own back. It is only valid for the same shards, hosts and `shuffle_documents`.
+host its own back. It is only valid for the same shards, hosts, seed and `shuffle_tokens`.
 
 Each host reads shard files i, i + n, ... and keeps their documents in memory
 (`document_pool`), because the random "next sentence" must come from *any other* document:
@@ -17,8 +17,8 @@ a second, independently shuffled stream could hand back the same document (the k
 other ports), and random access into memory is both exact and fast. The limit is host
 memory: about 2 GB per billion tokens.
 
-Every epoch visits the host's documents in a new seeded permutation (`index_shuffle`, so no
-permutation is materialised), in blocks of `shuffle_documents` documents. One tf.data map
+Every epoch visits the host's documents in a new seeded permutation (`index_shuffle`), in
+blocks of about `shuffle_tokens` tokens (`examples.epoch_blocks`). One tf.data map
 call turns a whole block into examples with TF ops (`pairs`, then `masking`) and shuffles
 them: that is the mixing window, in place of a shuffle buffer whose contents a checkpoint
 could not hold cheaply. Every random draw is a stateless op seeded by (seed, host, epoch,
@@ -100,10 +100,8 @@ def _position(epoch: int, block: int, example: int) -> dict[str, int]:
 class PretrainingIterator:
     """Iterates numpy batches (dicts keyed by FEATURES); `position()` says where it stands."""
 
-    def __init__(self, dataset: tf.data.Dataset, blocks_per_epoch: int,
-                 start: Mapping[str, int], batch_size: int):
+    def __init__(self, dataset: tf.data.Dataset, start: Mapping[str, int], batch_size: int):
         self.batch_size = batch_size
-        self._blocks_per_epoch = blocks_per_epoch
         self._position = _position(start["epoch"], start["block"], start["example"])
         self._iterator = iter(dataset)
 
@@ -112,9 +110,8 @@ class PretrainingIterator:
 
     def __next__(self) -> dict[str, np.ndarray]:
         batch = next(self._iterator)
-        block = int(batch["_block"][-1])
-        self._position = _position(block // self._blocks_per_epoch,
-                                   block % self._blocks_per_epoch, int(batch["_example"][-1]) + 1)
+        self._position = _position(batch["_epoch"][-1], batch["_block"][-1],
+                                   batch["_example"][-1] + 1)
         return {k: batch[k].numpy() for k in FEATURES}
 
     def position(self) -> dict[str, int]:
@@ -122,19 +119,45 @@ class PretrainingIterator:
         return dict(self._position)
 
 
-def _block_examples(pool: document_pool.DocumentPool, recipe: Recipe, vocab: Vocab, *,
-                    seed: int, process_index: int, shuffle_documents: int):
-    """The tf.data map function: (block number, examples to skip) -> that block's examples."""
-    make = examples.block_function(recipe, cls_id=vocab.cls_id, sep_id=vocab.sep_id,
-                                   pad_id=vocab.pad_id, mask_id=vocab.mask_id,
-                                   token_dtype=tf.as_dtype(pool.tokens.dtype))
-    word_start = vocab.word_start if recipe.whole_word_masking else np.zeros(1, bool)
-    args = [tf.constant(x, tf.int64) for x in (seed, process_index, shuffle_documents)] + [
-        tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
-        tf.constant(pool.document_starts), tf.constant(vocab.random_ids()),
-        tf.constant(np.asarray(word_start, bool))]
-    blocks_per_epoch = -(-pool.num_documents // shuffle_documents)
-    return (lambda block, skip: make(block, skip, *args)), blocks_per_epoch
+class _Pipeline:
+    """The host's documents and how to turn a stream of blocks into batches."""
+
+    def __init__(self, pool: document_pool.DocumentPool, recipe: Recipe, vocab: Vocab, *,
+                 seed: int, process_index: int, shuffle_tokens: int):
+        self._make = examples.block_function(
+            recipe, cls_id=vocab.cls_id, sep_id=vocab.sep_id, pad_id=vocab.pad_id,
+            mask_id=vocab.mask_id, token_dtype=tf.as_dtype(pool.tokens.dtype))
+        word_start = vocab.word_start if recipe.whole_word_masking else np.zeros(1, bool)
+        self._keys = [tf.constant(x, tf.int64) for x in (seed, process_index, shuffle_tokens)]
+        self._pool = [tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
+                      tf.constant(pool.document_starts), tf.constant(vocab.random_ids()),
+                      tf.constant(np.asarray(word_start, bool))]
+        self._document_tokens = tf.constant(np.diff(pool.sentence_starts[pool.document_starts]))
+
+    def blocks_in_epoch(self, epoch: int) -> int:
+        return int(examples.epoch_blocks(tf.constant(epoch, tf.int64), *self._keys,
+                                         self._document_tokens).shape[0])
+
+    def blocks(self, epochs: tf.data.Dataset) -> tf.data.Dataset:
+        """(epoch, block, first slot, end slot) of every block of `epochs`, in order."""
+        def one_epoch(epoch):
+            bounds = examples.epoch_blocks(epoch, *self._keys, self._document_tokens)
+            count = tf.shape(bounds, out_type=tf.int64)[0]
+            return tf.data.Dataset.from_tensor_slices(
+                (tf.fill([count], epoch), tf.range(count), bounds[:, 0], bounds[:, 1]))
+        return epochs.flat_map(one_epoch)
+
+    def batches(self, blocks: tf.data.Dataset, batch_size: int, num_parallel_calls,
+                skip_first: int = 0) -> tf.data.Dataset:
+        seed, host, _ = self._keys
+
+        def make(index, block):
+            skip = tf.where(index == 0, tf.constant(skip_first, tf.int64), 0)
+            return self._make(*block, skip, seed, host, *self._pool)
+
+        ds = blocks.enumerate().map(make, num_parallel_calls=num_parallel_calls,
+                                    deterministic=True)
+        return ds.rebatch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
 def _load(shard_dir, recipe, vocab, *, process_index, process_count, heldout_fraction,
@@ -166,16 +189,11 @@ def _host_batch(global_batch_size: int, process_count: int) -> int:
     return global_batch_size // process_count
 
 
-def _batches(blocks: tf.data.Dataset, make, batch_size: int, num_parallel_calls) -> tf.data.Dataset:
-    ds = blocks.map(make, num_parallel_calls=num_parallel_calls, deterministic=True)
-    return ds.rebatch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
-
-
 def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
                         max_predictions_per_seq: int, global_batch_size: int, seed: int,
                         mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                         whole_word_masking: bool = False, nsp: bool = True,
-                        short_seq_prob: float = 0.1, shuffle_documents: int = 1024,
+                        short_seq_prob: float = 0.1, shuffle_tokens: int = 1 << 19,
                         heldout_fraction: float = 0.0, process_index: int = 0,
                         process_count: int = 1, num_parallel_calls: int = tf.data.AUTOTUNE,
                         start_position: Mapping[str, int] | None = None,
@@ -183,31 +201,30 @@ def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
     """Endless training batches of this host's share of `shard_dir`, from `start_position`.
 
     Trains on the documents not held out by `heldout_fraction` (see `eval_dataset`).
-    `shuffle_documents` documents form one block, the window within which examples mix.
+    Examples are made and shuffled in blocks of documents of about `shuffle_tokens` tokens:
+    that is the window within which they mix, and what one parallel call holds in memory
+    (roughly 100 bytes per token while it works).
     """
     recipe = Recipe(max_seq_length, max_predictions_per_seq, mask_rate, mask_prob, random_prob,
                     whole_word_masking, nsp, short_seq_prob)
     batch_size = _host_batch(global_batch_size, process_count)
-    if shuffle_documents < 1:
-        raise ValueError(f"shuffle_documents={shuffle_documents} must be at least 1")
+    if shuffle_tokens < 1:
+        raise ValueError(f"shuffle_tokens={shuffle_tokens} must be at least 1")
     pool = _load(shard_dir, recipe, vocab, process_index=process_index,
                  process_count=process_count, heldout_fraction=heldout_fraction, heldout=False,
                  max_document_tokens=max_document_tokens)
-    make, blocks_per_epoch = _block_examples(pool, recipe, vocab, seed=seed,
-                                             process_index=process_index,
-                                             shuffle_documents=shuffle_documents)
+    pipeline = _Pipeline(pool, recipe, vocab, seed=seed, process_index=process_index,
+                         shuffle_tokens=shuffle_tokens)
     start = dict(start_position or _position(0, 0, 0))
     if (set(start) != {"epoch", "block", "example"} or min(start.values()) < 0
-            or start["block"] >= blocks_per_epoch):
+            or start["block"] >= pipeline.blocks_in_epoch(start["epoch"])):
         raise ValueError(
-            f"start_position={dict(start)} does not fit this pipeline ({blocks_per_epoch} blocks "
-            "per epoch): it must come from position() of a pipeline over the same shards, "
-            "hosts and shuffle_documents")
-    first = start["epoch"] * blocks_per_epoch + start["block"]
-    blocks = tf.data.Dataset.counter(first).map(
-        lambda b: (b, tf.where(b == first, tf.constant(start["example"], tf.int64), 0)))
-    return PretrainingIterator(_batches(blocks, make, batch_size, num_parallel_calls),
-                               blocks_per_epoch, start, batch_size)
+            f"start_position={start} does not fit this pipeline: it must come from position() "
+            "of a pipeline over the same shards, hosts, shuffle_tokens and seed")
+    blocks = pipeline.blocks(tf.data.Dataset.counter(start["epoch"])).skip(start["block"])
+    return PretrainingIterator(
+        pipeline.batches(blocks, batch_size, num_parallel_calls, skip_first=start["example"]),
+        start, batch_size)
 
 
 def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
@@ -215,7 +232,7 @@ def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
                  num_batches: int | None = None, heldout_fraction: float = 0.0,
                  mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                  whole_word_masking: bool = False, nsp: bool = True, short_seq_prob: float = 0.1,
-                 shuffle_documents: int = 1024, process_index: int = 0, process_count: int = 1,
+                 shuffle_tokens: int = 1 << 19, process_index: int = 0, process_count: int = 1,
                  num_parallel_calls: int = tf.data.AUTOTUNE,
                  max_document_tokens: int = 1_000_000) -> PretrainingIterator:
     """Held-out batches, the same ones at every call: the documents that `pretraining_dataset`
@@ -234,15 +251,10 @@ def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
     pool = _load(shard_dir, recipe, vocab, process_index=process_index,
                  process_count=process_count, heldout_fraction=heldout_fraction, heldout=True,
                  max_document_tokens=max_document_tokens)
-    make, blocks_per_epoch = _block_examples(pool, recipe, vocab, seed=seed,
-                                             process_index=process_index,
-                                             shuffle_documents=shuffle_documents)
-    if num_batches is None:
-        blocks = tf.data.Dataset.range(blocks_per_epoch)
-    else:
-        blocks = tf.data.Dataset.counter()
-    ds = _batches(blocks.map(lambda b: (b, tf.constant(0, tf.int64))), make, batch_size,
-                  num_parallel_calls)
+    pipeline = _Pipeline(pool, recipe, vocab, seed=seed, process_index=process_index,
+                         shuffle_tokens=shuffle_tokens)
+    epochs = tf.data.Dataset.range(1) if num_batches is None else tf.data.Dataset.counter()
+    ds = pipeline.batches(pipeline.blocks(epochs), batch_size, num_parallel_calls)
     if num_batches is not None:
         ds = ds.take(num_batches)
-    return PretrainingIterator(ds, blocks_per_epoch, _position(0, 0, 0), batch_size)
+    return PretrainingIterator(ds, _position(0, 0, 0), batch_size)
