@@ -61,40 +61,46 @@ def _rows_like(x_NK):
     return tf.broadcast_to(tf.range(tf.shape(x_NK)[0])[:, None], tf.shape(x_NK))
 
 
-def _choose_words(ids_NL, maskable_NL, n_pred_N, word_start_V, seed):
+def _choose_words(ids_NL, maskable_NL, n_pred_N, max_predictions, word_start_V, seed):
     """Chosen tokens (whole words only) and each token's word number."""
-    n_rows, seq_len = tf.shape(ids_NL)[0], tf.shape(ids_NL)[1]
+    n_rows, seq_len = tf.shape(ids_NL)[0], ids_NL.shape[1]
     word_NL = _word_ids(ids_NL, maskable_NL, word_start_V)
     flat_word = tf.reshape(word_NL + tf.range(n_rows)[:, None] * seq_len, [-1])
-    word_len_NW = tf.reshape(tf.math.unsorted_segment_sum(
+    len_NW = tf.reshape(tf.math.unsorted_segment_sum(
         tf.reshape(tf.cast(maskable_NL, tf.int32), [-1]), flat_word, n_rows * seq_len),
         [n_rows, seq_len])
-    keys_NW = tf.where(word_len_NW > 0,
-                       tf.random.stateless_uniform([n_rows, seq_len], seed), 2.0)
-    order_NW = tf.argsort(keys_NW, axis=1, stable=True)
-    len_NW = tf.gather(word_len_NW, order_NW, batch_dims=1)  # in the random visiting order
-
-    # The original visits words in order and takes each one that still fits. Every word
-    # before the first that overflows fits (a cumulative-sum prefix); after it, only words
-    # no longer than the remaining gap can, and the gap shrinks with each: a few rounds.
-    taken_NW = (tf.cumsum(len_NW, axis=1) <= n_pred_N[:, None]) & (len_NW > 0)
-    gap_N = n_pred_N - tf.reduce_sum(tf.where(taken_NW, len_NW, 0), axis=1)
-    last_N = tf.reduce_sum(tf.cast(taken_NW, tf.int32), axis=1)  # the overflowing word
+    is_word_NW = len_NW > 0
+    # Distinct random keys (the word number in the low bits) give the order of visit.
+    slot_bits = max(1, (seq_len - 1).bit_length())
+    noise_NW = tf.random.stateless_uniform([n_rows, seq_len], seed, minval=0,
+                                           maxval=1 << (31 - slot_bits), dtype=tf.int32)
     word_W = tf.range(seq_len)[None]
+    keys_NW = tf.where(is_word_NW, noise_NW * (1 << slot_bits) + word_W, tf.int32.max)
+
+    # The original visits words in key order and takes each one that still fits. Every word
+    # before the first that overflows the budget fits: that prefix has at most n_pred <= P
+    # words, so the P + 1 lowest keys contain it and the overflowing word. After it, only
+    # words no longer than the remaining gap can fit, and each shrinks the gap: a few rounds.
+    lowest_NK, top_NK = tf.math.top_k(-keys_NW, k=min(max_predictions + 1, seq_len))
+    prefix_NK = tf.cumsum(tf.gather(len_NW, top_NK, batch_dims=1), axis=1) <= n_pred_N[:, None]
+    prefix_N = tf.reduce_sum(tf.cast(prefix_NK, tf.int32), axis=1)
+    overflow_N = -tf.gather(lowest_NK, tf.minimum(prefix_N, tf.shape(top_NK)[1] - 1)[:, None],
+                            batch_dims=1)[:, 0]
+    overflow_N = tf.where(prefix_N < tf.shape(top_NK)[1], overflow_N, tf.int32.max)
+    taken_NW = is_word_NW & (keys_NW < overflow_N[:, None])
+    gap_N = n_pred_N - tf.reduce_sum(tf.where(taken_NW, len_NW, 0), axis=1)
 
     def fill(taken_NW, gap_N, last_N):
-        fits_NW = (len_NW > 0) & (len_NW <= gap_N[:, None]) & (word_W > last_N[:, None])
-        found_N = tf.reduce_any(fits_NW, axis=1)
-        next_N = tf.argmax(tf.cast(fits_NW, tf.int32), axis=1, output_type=tf.int32)
-        taken_NW |= (word_W == next_N[:, None]) & found_N[:, None]
-        gap_N -= tf.where(found_N, tf.gather(len_NW, next_N[:, None], batch_dims=1)[:, 0], 0)
-        return taken_NW, gap_N, tf.where(found_N, next_N, seq_len)
+        fits_NW = is_word_NW & (len_NW <= gap_N[:, None]) & (keys_NW > last_N[:, None])
+        next_N = tf.reduce_min(tf.where(fits_NW, keys_NW, tf.int32.max), axis=1)
+        found_N = next_N < tf.int32.max
+        picked_NW = (keys_NW == next_N[:, None]) & found_N[:, None]
+        gap_N -= tf.reduce_sum(tf.where(picked_NW, len_NW, 0), axis=1)
+        return taken_NW | picked_NW, gap_N, next_N
 
-    taken_NW, _, _ = tf.while_loop(lambda t, g, last: tf.reduce_any(last < seq_len), fill,
-                                   (taken_NW, gap_N, last_N))
-    taken_by_word_NW = tf.scatter_nd(tf.stack([_rows_like(order_NW), order_NW], axis=-1),
-                                     tf.cast(taken_NW, tf.int32), tf.shape(order_NW)) > 0
-    chosen_NL = tf.gather(taken_by_word_NW, word_NL, batch_dims=1) & maskable_NL
+    taken_NW, _, _ = tf.while_loop(lambda t, g, last: tf.reduce_any(last < tf.int32.max), fill,
+                                   (taken_NW, gap_N, overflow_N))
+    chosen_NL = tf.gather(taken_NW, word_NL, batch_dims=1) & maskable_NL
     return chosen_NL, word_NL
 
 
@@ -111,7 +117,8 @@ def mask_batch(ids_NL: tf.Tensor, maskable_NL: tf.Tensor, seed: tf.Tensor, *,
                                                 choose_seed)
         action_NP = tf.random.stateless_uniform(tf.shape(positions_NP), action_seed)
     else:
-        chosen_NL, word_NL = _choose_words(ids_NL, maskable_NL, n_pred_N, word_start, choose_seed)
+        chosen_NL, word_NL = _choose_words(ids_NL, maskable_NL, n_pred_N, max_predictions,
+                                           word_start, choose_seed)
         positions_NP, valid_NP = _sorted_positions(chosen_NL, max_predictions)
         action_NW = tf.random.stateless_uniform(tf.shape(ids_NL), action_seed)
         action_NP = tf.gather(action_NW, tf.gather(word_NL, positions_NP, batch_dims=1),
