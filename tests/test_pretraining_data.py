@@ -282,6 +282,9 @@ def test_bad_input_gets_a_clear_error(corpus, tmp_path):
     _error("start_position", directory, start_position={"epoch": 0, "block": 99, "example": 0})
     _error("whole_word_masking needs Vocab.word_start", directory, whole_word_masking=True)
     _error("mask_prob=0.9 \\+ random_prob=0.2", directory, mask_prob=0.9, random_prob=0.2)
+    with pytest.raises(ValueError, match="over 2 hosts needs num_batches"):
+        pretraining.eval_dataset(directory, vocab=VOCAB, max_seq_length=L,
+                                 max_predictions_per_seq=P, global_batch_size=8, process_count=2)
 
     single = str(tmp_path / "single")
     shards.write_documents(single, [[[11, 12], [13, 14]]], num_shards=1)

@@ -15,7 +15,7 @@ Each host reads shard files i, i + n, ... and keeps their documents in memory
 (`document_pool`), because the random "next sentence" must come from *any other* document:
 a second, independently shuffled stream could hand back the same document (the known bug of
 other ports), and random access into memory is both exact and fast. The limit is host
-memory: about 2 GB per billion tokens.
+memory: 2 bytes per token (4 for vocabularies over 65,536 ids), about 2 GB per billion tokens.
 
 Every epoch visits the host's documents in a new seeded permutation (`index_shuffle`), in
 blocks of about `shuffle_tokens` tokens (`examples.epoch_blocks`). One tf.data map
