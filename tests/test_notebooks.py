@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import pathlib
+import re
 import sys
 
 import nbformat
@@ -37,6 +38,16 @@ def _tagged(nb, tag: str) -> list[int]:
 def _assigned_names(source: str) -> set[str]:
     return {t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
             for t in node.targets if isinstance(t, ast.Name)}
+
+
+def _parameter(nb, name: str):
+    """The literal value the notebook's `parameters` cell gives `name`."""
+    (params_at,) = _tagged(nb, "parameters")
+    for node in ast.parse(nb.cells[params_at].source).body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name
+                                                for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise KeyError(name)
 
 
 def _kernel_manager(directory: pathlib.Path) -> AsyncKernelManager:
@@ -75,7 +86,7 @@ def _outputs(cell) -> str:
 
 # --- Every notebook in git ---------------------------------------------------------------
 
-TESTED = {"inspect_checkpoint.ipynb"}
+TESTED = {"finetune_sentiment.ipynb", "inspect_checkpoint.ipynb", "pretrain_tiny.ipynb"}
 
 
 def test_every_notebook_is_tested_and_stored_without_outputs():
@@ -141,3 +152,105 @@ def test_inspect_checkpoint(tmp_path):
     images = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs
               if "image/png" in o.get("data", {})]
     assert len(images) == 3, f"expected 3 figures, found {len(images)}"
+
+
+# --- pretrain_tiny -------------------------------------------------------------------------
+
+PRETRAIN_CHECK = """
+with open("curves.json", "w") as f:
+    json.dump({"train": train, "evals": evals}, f)
+"""
+
+
+def _fill_mask_lines(text: str) -> list[list[tuple[str, float]]]:
+    """(token, probability) candidates of each `  [MASK]: tok p, tok p` line printed (a
+    token may itself be a comma)."""
+    return [[(token, float(p)) for token, p in
+             re.findall(r"(.+?) ([01]\.\d+)(?:, |$)", line.split(": ", 1)[1])]
+            for line in text.splitlines() if line.startswith("  [MASK]")]
+
+
+def test_pretrain_tiny(tmp_path):
+    steps = 40
+    nb = execute("pretrain_tiny.ipynb", tmp_path, {
+        "CONFIGS": str(REPO / "configs"), "CORPUS_DIR": str(tmp_path / "austen"),
+        "WORKDIR": str(tmp_path / "run"), "VOCAB_SIZE": 1000, "SPM_SENTENCES": 5000,
+        "STEPS": steps, "BATCH_SIZE": 8, "SEQ_LENGTH": 64, "MAX_PREDICTIONS": 10,
+        "WARMUP_STEPS": 5, "LOG_EVERY": 10, "EVAL_EVERY": steps}, PRETRAIN_CHECK)
+
+    # The run finished, was evaluated once, and its masked-LM loss fell.
+    curves = json.loads((tmp_path / "curves.json").read_text())
+    train, evals = curves["train"], curves["evals"]
+    assert [r["step"] for r in train] == [10, 20, 30, 40]
+    assert [r["step"] for r in evals] == [steps]
+    assert train[-1]["mlm_loss"] < train[0]["mlm_loss"] - 0.3, train
+    assert (tmp_path / "run" / "pretraining.png").stat().st_size > 10_000
+    assert (tmp_path / "run" / "model" / "config.json").exists()
+
+    # Every text's [MASK] got five candidates, most likely first, from the trained model.
+    (fill_cell,) = [c for c in nb.cells if c.cell_type == "code" and "fill-mask" in c.source]
+    texts = _parameter(nb, "TEXTS")
+    printed = _outputs(fill_cell)
+    masks = _fill_mask_lines(printed)
+    assert len(masks) == len(texts) and all(t in printed for t in texts), printed
+    for candidates in masks:
+        probs = [p for _, p in candidates]
+        assert len(candidates) == 5 and all(token for token, _ in candidates)
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.001
+
+
+# --- finetune_sentiment --------------------------------------------------------------------
+
+# A small sentiment task in SST-2's file layout (SST-2 itself is a download): review sentences
+# whose polarity is their adjective's. Dev sentences use adjectives training never shows, so
+# beating the majority class needs what the pretrained encoder knows about those words.
+POSITIVE = ["wonderful", "brilliant", "delightful", "superb", "charming", "excellent",
+            "gripping", "beautiful", "enjoyable", "fantastic", "marvellous", "terrific"]
+NEGATIVE = ["awful", "boring", "dreadful", "tedious", "terrible", "dull", "clumsy", "painful",
+            "horrible", "pointless", "disappointing", "lousy"]
+SUBJECTS = ["the film", "this movie", "the acting", "the plot", "the ending", "the script",
+            "the soundtrack", "the cast"]
+TEMPLATES = ["{} was {}.", "i thought {} was {}.", "honestly, {} is {}.",
+             "{} felt {} from start to finish."]
+
+
+def _write_sentiment_tsv(path: pathlib.Path, adjectives: list[tuple[str, int]]) -> None:
+    rows = [f"{t.format(s, a)}\t{label}" for a, label in adjectives for s in SUBJECTS
+            for t in TEMPLATES]
+    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+
+
+FINETUNE_CHECK = """
+import json
+with open("check.json", "w") as f:
+    json.dump({"train": train, "evals": evals, "majority": majority, "results": results,
+               "mistakes": len(mistakes), "predictions": len(predictions)}, f)
+"""
+
+
+def test_finetune_sentiment(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    _write_sentiment_tsv(data / "train.tsv", [(a, 1) for a in POSITIVE[:3]]
+                         + [(a, 0) for a in NEGATIVE[:3]])
+    _write_sentiment_tsv(data / "dev.tsv", [(a, 1) for a in POSITIVE[3:]]
+                         + [(a, 0) for a in NEGATIVE[3:]])
+    execute("finetune_sentiment.ipynb", tmp_path, {
+        "CONFIGS": str(REPO / "configs"), "DATA_DIR": str(data),
+        "MODEL_DIR": str(tmp_path / "minilm"), "WORKDIR": str(tmp_path / "run"),
+        "EPOCHS": 2, "BATCH_SIZE": 16, "SEQ_LENGTH": 16, "LOG_EVERY": 4},
+        FINETUNE_CHECK)
+    check = json.loads((tmp_path / "check.json").read_text())
+
+    # Two epochs of 192 / 16 = 12 steps, evaluated after each, logged every 4 steps.
+    assert [r["step"] for r in check["train"]] == [4, 8, 12, 16, 20, 24]
+    assert [r["step"] for r in check["evals"]] == [12, 24]
+    assert check["majority"] == pytest.approx(0.5)
+    assert (tmp_path / "run" / "curves.png").stat().st_size > 10_000
+
+    # Fine-tuning learnt the task: dev accuracy well above always guessing one class, and
+    # the mistakes the notebook lists are the ones that accuracy implies.
+    accuracy = check["evals"][-1]["eval_dev_accuracy"]
+    assert accuracy > check["majority"] + 0.2, check["evals"]
+    assert check["predictions"] == 18 * len(SUBJECTS) * len(TEMPLATES)
+    assert check["mistakes"] == round((1 - accuracy) * check["predictions"])
