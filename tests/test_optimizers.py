@@ -112,5 +112,5 @@ def test_bad_optimizer_settings_are_named():
                                   weight_decay=0.0, clip_norm=0.0)
     with pytest.raises(ValueError, match="optimizer.schedule 'cosine'"):
         optimizers.learning_rate_schedule("cosine", 1e-4, 10, 100)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        optimizers.learning_rate_schedule("bert", 1e-4, 200, 100)
+    with pytest.raises(ValueError, match=r"warmup_steps >= 0 \(got -1\)"):
+        optimizers.learning_rate_schedule("bert", 1e-4, -1, 100)

@@ -133,6 +133,14 @@ def _tree_metadata(metadata) -> Any:
     return getattr(metadata, "tree", metadata)
 
 
+def _item_handlers() -> dict:
+    """How each item is stored, so metadata can be read before anything is restored."""
+    return {"params": ocp.StandardCheckpointHandler(),
+            "opt_state": ocp.StandardCheckpointHandler(),
+            "progress": ocp.StandardCheckpointHandler(),
+            "host": ocp.JsonCheckpointHandler()}
+
+
 class RunCheckpoints:
     """A training run's checkpoints in WORKDIR/checkpoints, saved asynchronously, newest N kept.
 
@@ -144,8 +152,10 @@ class RunCheckpoints:
 
     def __init__(self, workdir: str, keep: int):
         self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
-        self.manager = ocp.CheckpointManager(self.directory, options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=True, create=True))
+        self.manager = ocp.CheckpointManager(
+            self.directory, item_handlers=_item_handlers(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=True))
         self._sigterm = False
         self._previous_handler = None
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
@@ -190,13 +200,6 @@ class RunCheckpoints:
             progress=ocp.args.StandardRestore(abstract_progress),
             host=ocp.args.JsonRestore())))
 
-    def restore_params(self, step: int, abstract_params: Any) -> Any:
-        where = f"checkpoint {os.path.join(self.directory, str(step))}"
-        check_same_shapes(abstract_params,
-                          _tree_metadata(self.manager.item_metadata(step)["params"]), where)
-        return self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params)))["params"]
-
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
@@ -220,6 +223,7 @@ def load_initial_params(path: str, abstract_params: Any) -> Any:
         return restore_params(os.path.join(path, PARAMS_DIR), abstract_params)
     if is_run_directory(path):
         with ocp.CheckpointManager(os.path.join(path, CHECKPOINTS_DIR),
+                                   item_handlers=_item_handlers(),
                                    options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
             step = mngr.latest_step()
             if step is None:

@@ -41,9 +41,9 @@ def learning_rate_schedule(kind: str, peak: float, warmup_steps: int,
     """
     if kind not in SCHEDULES:
         raise ValueError(f"optimizer.schedule {kind!r}: expected one of {', '.join(SCHEDULES)}")
-    if total_steps <= 0 or warmup_steps < 0 or warmup_steps > total_steps:
-        raise ValueError(f"schedule needs 0 <= warmup_steps ({warmup_steps}) <= "
-                         f"num_steps ({total_steps}) and num_steps > 0")
+    if total_steps <= 0 or warmup_steps < 0:
+        raise ValueError(f"schedule needs warmup_steps >= 0 (got {warmup_steps}) and "
+                         f"num_steps > 0 (got {total_steps})")
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)

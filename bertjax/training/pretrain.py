@@ -35,6 +35,7 @@ FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "ma
             "masked_lm_weights", "next_sentence_labels")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 MODEL_DIR = "model"  # the model directory exported into the workdir at the end
+RUN_CONFIG = "run_config.json"  # the run's full config, written when it starts
 _MLM_EPS = 1e-5  # the original adds it to the weight total
 
 
@@ -338,7 +339,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
         state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), repl), params, opt_state)
         dropout_key = jax.device_put(dropout_key, repl)
         if jax.process_index() == 0:
-            _write_json_atomic(os.path.join(workdir, "config.json"), json.loads(
+            _write_json_atomic(os.path.join(workdir, RUN_CONFIG), json.loads(
                 config.to_json_best_effort()))
 
     train_step = jax.jit(
