@@ -7,8 +7,8 @@ fine-tuning start from:
   DIR/params/       the parameter pytree, an Orbax checkpoint
   DIR/vocab.txt or DIR/spm.model   the tokenizer
 
-It is written into a temporary sibling and renamed into place, so a crash never leaves a
-half-written directory behind.
+It is written so that a crash never leaves a half-written directory that reads as a model
+(see `save_model`). Paths may be local or remote (gs://), as everywhere in Orbax.
 
 A *run* (pretraining workdir) keeps Orbax checkpoints under WORKDIR/checkpoints/<step>/ with
 the items `params`, `opt_state`, `progress` (step and RNG, arrays) and `host` (JSON: the data
@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import threading
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.models.bert import BertConfig
@@ -56,74 +56,86 @@ def check_same_shapes(expected, found, where: str) -> None:
                          f"architecture?): " + "; ".join(problems))
 
 
+def _path(path) -> epath.Path:
+    """An absolute local path, or a remote one (gs://...) as it is."""
+    path = str(path)
+    return epath.Path(path if "://" in path else os.path.abspath(path))
+
+
 def save_params(path: str, params: Any) -> None:
     """Saves a parameter pytree (plain arrays) as an Orbax checkpoint at `path`."""
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(path), params, force=True)
+        checkpointer.save(_path(path), params, force=True)
 
 
 def restore_params(path: str, abstract_params: Any | None = None) -> Any:
     """Restores parameters; with `abstract_params` (ShapeDtypeStructs, optionally sharded)
     they are checked against it and placed as it says."""
-    path = os.path.abspath(path)
-    if not os.path.isdir(path):
+    path = _path(path)
+    if not path.is_dir():
         raise FileNotFoundError(f"{path}: no parameter checkpoint there")
     with ocp.StandardCheckpointer() as checkpointer:
         if abstract_params is not None:
             stored = checkpointer.metadata(path).item_metadata
-            check_same_shapes(abstract_params, stored, path)
+            check_same_shapes(abstract_params, stored, str(path))
         return checkpointer.restore(path, abstract_params)
 
 
 def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
                overwrite: bool = False) -> str:
-    """Writes a model directory atomically; `tokenizer` (a bertjax Tokenizer) is optional.
+    """Writes a model directory; `tokenizer` (a bertjax Tokenizer) is optional.
 
     Every process must call it (each writes its own parameter shards); process 0 writes the
-    config and tokenizer and renames the directory into place.
+    config and tokenizer. A local directory is built under a temporary name and renamed into
+    place. Object stores (gs://) cannot rename directories: there `config.json` is removed
+    first and written last, so the directory only reads as a model once it is complete.
     """
-    directory = os.path.abspath(directory)
+    final = _path(directory)
     primary = jax.process_index() == 0
-    if os.path.exists(directory) and not overwrite:
-        raise FileExistsError(f"{directory} already exists (pass overwrite to replace it)")
+    if (final / CONFIG_FILE).exists() and not overwrite:
+        raise FileExistsError(f"{final} already exists (pass overwrite to replace it)")
+    remote = "://" in str(final)
     # One name all processes agree on; a leftover from a crashed export is removed first.
-    tmp = f"{directory}.partial"
+    target = final if remote else epath.Path(f"{final}.partial")
     if primary:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+        if remote:
+            if (final / CONFIG_FILE).exists():
+                (final / CONFIG_FILE).unlink()
+        elif target.exists():
+            target.rmtree()
+        target.mkdir(parents=True, exist_ok=True)
     multihost_utils.sync_global_devices("bertjax_save_model_start")
     try:
-        save_params(os.path.join(tmp, PARAMS_DIR), params)
+        save_params(str(target / PARAMS_DIR), params)
         multihost_utils.sync_global_devices("bertjax_save_model_params")
         if primary:
-            with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-                json.dump({"model_type": "bert", **config.to_dict()}, f, indent=2,
-                          sort_keys=True)
             if tokenizer is not None:
-                tokenizer.save(tmp)
-            if os.path.exists(directory):
-                shutil.rmtree(directory)
-            os.rename(tmp, directory)
+                tokenizer.save(str(target))
+            (target / CONFIG_FILE).write_text(json.dumps(
+                {"model_type": "bert", **config.to_dict()}, indent=2, sort_keys=True))
+            if not remote:
+                if final.exists():
+                    final.rmtree()
+                target.rename(final)
     except BaseException:
-        if primary:
-            shutil.rmtree(tmp, ignore_errors=True)
+        if primary and not remote and target.exists():
+            target.rmtree()
         raise
     multihost_utils.sync_global_devices("bertjax_save_model_done")
-    return directory
+    return str(final)
 
 
 def load_model_config(directory: str, **overrides) -> BertConfig:
-    path = os.path.join(directory, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = _path(directory) / CONFIG_FILE
+    if not path.exists():
         raise FileNotFoundError(f"{path} not found: {directory!r} is not a bertjax model directory")
-    with open(path) as f:
-        return BertConfig.from_dict(json.load(f), **overrides)
+    return BertConfig.from_dict(json.loads(path.read_text()), **overrides)
 
 
 def load_model(directory: str, abstract_params: Any | None = None, **config_overrides):
     """(config, params) of a model directory."""
     config = load_model_config(directory, **config_overrides)
-    return config, restore_params(os.path.join(directory, PARAMS_DIR), abstract_params)
+    return config, restore_params(str(_path(directory) / PARAMS_DIR), abstract_params)
 
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -151,7 +163,7 @@ class RunCheckpoints:
     """
 
     def __init__(self, workdir: str, keep: int):
-        self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
+        self.directory = str(_path(workdir) / CHECKPOINTS_DIR)
         self.manager = ocp.CheckpointManager(
             self.directory, item_handlers=_item_handlers(),
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -212,15 +224,13 @@ class RunCheckpoints:
 
 
 def is_run_directory(path: str) -> bool:
-    return os.path.isdir(os.path.join(path, CHECKPOINTS_DIR))
+    return (_path(path) / CHECKPOINTS_DIR).is_dir()
 
 
 def load_initial_params(path: str, abstract_params: Any) -> Any:
     """Parameters to start from: a model directory (conversion output, an exported run) or
     another run's workdir (its latest checkpoint), checked against the model's shapes."""
-    path = os.path.abspath(path)
-    if os.path.exists(os.path.join(path, CONFIG_FILE)):
-        return restore_params(os.path.join(path, PARAMS_DIR), abstract_params)
+    path = str(_path(path))
     if is_run_directory(path):
         with ocp.CheckpointManager(os.path.join(path, CHECKPOINTS_DIR),
                                    item_handlers=_item_handlers(),
@@ -233,5 +243,7 @@ def load_initial_params(path: str, abstract_params: Any) -> Any:
                               _tree_metadata(mngr.item_metadata(step)["params"]), where)
             return mngr.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_params)))["params"]
+    if (_path(path) / CONFIG_FILE).exists():
+        return restore_params(os.path.join(path, PARAMS_DIR), abstract_params)
     raise FileNotFoundError(f"init_checkpoint {path}: neither a model directory (with "
                             f"{CONFIG_FILE}) nor a pretraining workdir (with {CHECKPOINTS_DIR}/)")

@@ -23,6 +23,7 @@ import uuid
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
 from bertjax.models.bert import BertConfig
 
@@ -113,18 +114,57 @@ def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
     return " | ".join(parts)
 
 
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def write_text_atomic(path: epath.Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
 def truncate_jsonl(workdir: str, last_step: int) -> None:
     """Drops records after `last_step` (from a run that was interrupted after its last
     checkpoint), so a resumed run's file reads like an uninterrupted one. Atomic rewrite."""
-    path = os.path.join(workdir, METRICS_FILE)
-    if jax.process_index() != 0 or not os.path.exists(path):
+    path = epath.Path(workdir) / METRICS_FILE
+    if jax.process_index() != 0 or not path.exists():
         return
-    with open(path) as f:
-        kept = [line for line in f if line.strip() and json.loads(line)["step"] <= last_step]
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as f:
-        f.writelines(kept)
-    os.replace(tmp, path)
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= last_step]
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
+
+
+class _Jsonl:
+    """Appends lines to a local file; object stores (gs://) cannot append, so there the whole
+    file is rewritten, at most every `remote_flush_s` seconds and on close."""
+
+    def __init__(self, path: epath.Path, remote_flush_s: float = 60.0):
+        self.path, self.remote = path, _is_remote(str(path))
+        self.remote_flush_s, self._flushed = remote_flush_s, 0.0
+        if self.remote:
+            self._lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        else:
+            self._file = open(path, "a")
+
+    def write(self, line: str) -> None:
+        if not self.remote:
+            self._file.write(line + "\n")
+            self._file.flush()
+            return
+        self._lines.append(line + "\n")
+        if time.monotonic() - self._flushed > self.remote_flush_s:
+            self._flush_remote()
+
+    def _flush_remote(self) -> None:
+        write_text_atomic(self.path, "".join(self._lines))
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if self.remote:
+            self._flush_remote()
+        else:
+            self._file.close()
 
 
 class MetricWriter:
@@ -142,16 +182,15 @@ class MetricWriter:
         self._metadata = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
             data_class=summary_pb2.DATA_CLASS_SCALAR)
-        os.makedirs(workdir, exist_ok=True)
-        self._jsonl = open(os.path.join(workdir, METRICS_FILE), "a")
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        self._jsonl = _Jsonl(epath.Path(workdir) / METRICS_FILE)
         self._summary = tf.summary.create_file_writer(os.path.join(workdir, TENSORBOARD_DIR))
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
         record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-        self._jsonl.write(json.dumps(record) + "\n")
-        self._jsonl.flush()
+        self._jsonl.write(json.dumps(record))
         with self._summary.as_default():
             for name, value in scalars.items():
                 self._tf.summary.write(name, self._tf.constant(float(value)), step=int(step),

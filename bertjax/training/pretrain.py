@@ -15,7 +15,6 @@ import dataclasses
 import json
 import os
 import time
-import uuid
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import flax
@@ -24,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from etils import epath
 from jax.experimental import multihost_utils
 
 from bertjax.models import presets
@@ -191,13 +191,6 @@ def _gather_positions(position: dict) -> list[dict]:
     return [dict(zip(keys, row.tolist())) for row in rows]
 
 
-def _write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-
-
 def _check_train_config(train: Any) -> None:
     for key in ("global_batch_size", "num_steps", "log_every", "checkpoint_every",
                 "keep_checkpoints"):
@@ -274,7 +267,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
     FloatingPointError when the loss stops being finite (the last good checkpoint is kept).
     """
     _check_train_config(config.train)
-    os.makedirs(workdir, exist_ok=True)
+    if jax.process_index() == 0:
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
     cfg = model_config(config.model, data.vocab_size)
     seq_len, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
     if seq_len > cfg.max_position_embeddings:
@@ -339,8 +333,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
         state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), repl), params, opt_state)
         dropout_key = jax.device_put(dropout_key, repl)
         if jax.process_index() == 0:
-            _write_json_atomic(os.path.join(workdir, RUN_CONFIG), json.loads(
-                config.to_json_best_effort()))
+            metrics_lib.write_text_atomic(epath.Path(workdir) / RUN_CONFIG,
+                                          config.to_json_best_effort(indent=2))
 
     train_step = jax.jit(
         make_train_step(model, tx, schedule, grad_accum_steps=accum, nsp=config.data.nsp,

@@ -88,3 +88,25 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.keep_checkpoints = 3
     config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
     return config
+
+
+# The original two phases: (max_seq_length, max_predictions_per_seq, num_steps).
+PHASES = {
+    "phase1": (128, 20, 900_000),
+    "phase2": (512, 80, 100_000),
+}
+
+
+def original_recipe(size: str, phase: str) -> ml_collections.ConfigDict:
+    """The paper's recipe for a model size: 90% of the steps at length 128, then 10% at 512
+    (phase 2 starts from phase 1's parameters via init_checkpoint, with a fresh optimizer)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
+    config = defaults()
+    config.model.size = size
+    seq_len, predictions, steps = PHASES[phase]
+    config.data.max_seq_length = seq_len
+    config.data.max_predictions_per_seq = predictions
+    config.train.num_steps = steps
+    config.train.global_batch_size = 256
+    return config
