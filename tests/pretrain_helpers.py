@@ -105,11 +105,14 @@ def synthetic_data(config, process_index=0, process_count=1, eval_batches=2):
 
 
 def tiny_config(**train_overrides):
-    """An odd-sized model that compiles in seconds: hidden 36, 2 heads, mlp 38, vocab 106."""
+    """The tests' standard run: a 1-layer model of odd sizes (hidden 36, 2 heads, mlp 38,
+    vocab 106), batch 16 of length 13, 6 steps. Tests that change only what the host does
+    (logging, evaluation and checkpoint cadence, the data) share its compiled programs through
+    the compilation cache; the model, batch, mesh and num_steps (in the schedule) do not."""
     config = pretrain_config.defaults()
     config.quiet = True
     m = config.model
-    m.size, m.num_hidden_layers, m.hidden_size = "tiny", 2, 36
+    m.size, m.num_hidden_layers, m.hidden_size = "tiny", 1, 36
     m.num_attention_heads, m.intermediate_size = 2, 38
     d = config.data
     d.max_seq_length, d.max_predictions_per_seq = 13, 3
@@ -123,4 +126,11 @@ def tiny_config(**train_overrides):
     t.peak_flops_per_device = 1e9
     for k, v in train_overrides.items():
         setattr(t, k, v)
+    return config
+
+
+def multiprocess_config(mesh_shape=(2, 2, 1)):
+    """Shared by the multi-process test and its driver: (data 2, fsdp 2) over 2 processes."""
+    config = tiny_config(checkpoint_every=2, eval_every=3)
+    config.mesh.shape = mesh_shape
     return config

@@ -59,13 +59,12 @@ def test_every_mesh_gives_the_same_losses_and_shards_as_the_rules_say(tmp_path):
     losses, states = {}, {}
     for shape, devices in [((8, 1, 1), None), ((2, 4, 1), None), ((2, 2, 2), None),
                            ((1, 1, 1), jax.devices()[:1])]:
-        config = ph.tiny_config(num_steps=3)
-        config.model.num_hidden_layers = 1
+        config = ph.tiny_config()
         config.mesh.shape = shape
         workdir = str(tmp_path / "x".join(map(str, shape)))
         out = pretrain.train(config, workdir, ph.synthetic_data(config), devices=devices)
         losses[shape], states[shape] = _losses(workdir), out["state"]
-    assert len(losses[(8, 1, 1)]) == 3
+    assert len(losses[(8, 1, 1)]) == 6
     for shape, values in losses.items():
         # Float32; only the order of reductions differs between meshes.
         np.testing.assert_allclose(values, losses[(1, 1, 1)], rtol=2e-6, err_msg=str(shape))
