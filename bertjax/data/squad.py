@@ -182,7 +182,7 @@ def squad_features(examples: Sequence[SquadExample], tokenizer, max_seq_length: 
     packer = Packer(tokenizer, max_seq_length)
     encode = WordEncoder(tokenizer)
     questions = tokenizer.encode_batch([e.question for e in examples])
-    rows = []
+    rows, context = [], None
     stats = {"examples": len(examples), "skipped": 0, "answer_outside_window": 0,
              "questions_truncated": 0}
     for index, (example, question) in enumerate(zip(examples, questions)):
@@ -191,7 +191,9 @@ def squad_features(examples: Sequence[SquadExample], tokenizer, max_seq_length: 
             continue
         stats["questions_truncated"] += len(question) > max_query_length
         query = list(question[:max_query_length])
-        doc, tok_to_word, word_first_tok = _context_tokens(example.context, encode)
+        if example.context != context:  # questions on one paragraph come together
+            context = example.context
+            doc, tok_to_word, word_first_tok = _context_tokens(context, encode)
         answer = _answer_tokens(example, doc, word_first_tok, tokenizer)
         budget = max_seq_length - len(query) - 3
         windows = _windows(len(doc), budget, doc_stride)
