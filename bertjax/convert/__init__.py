@@ -1,0 +1,81 @@
+"""Checkpoint conversion between bertjax model directories, Hugging Face and original TF BERT.
+
+    python -m bertjax.convert --from=hf --input=HF_DIR --output=MODEL_DIR
+    python -m bertjax.convert --from=tf --input=GOOGLE_BERT_DIR --output=MODEL_DIR
+    python -m bertjax.convert --to=hf --input=MODEL_DIR --output=HF_DIR
+    python -m bertjax.convert --to=tf --input=MODEL_DIR --output=TF_DIR
+
+Conversion is the rename table in `table.py` plus reshapes; see `params.py` for the checks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from bertjax.convert import files
+from bertjax.convert.params import Log
+from bertjax.convert.result import Converted
+from bertjax.training import checkpoints
+
+FORMATS = ("bertjax", "hf", "tf")
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def read_bertjax(directory: str) -> Converted:
+    config, params = checkpoints.load_model(directory)
+    if set(params) == {"params"}:  # a tree saved with its Flax collection name
+        params = params["params"]
+    return Converted(config, params, [], files.tokenizer_files(directory))
+
+
+def write_bertjax(directory: str, converted: Converted, overwrite: bool = False,
+                  log: Log = print) -> str:
+    log(f"writing the model directory {directory}")
+    return checkpoints.save_model(directory, converted.params, converted.config,
+                                  files.CopyTokenizer(converted.tokenizer_files), overwrite)
+
+
+def read(fmt: str, path: str, seed: int = 0, log: Log = print) -> Converted:
+    from bertjax.convert import hf, tf
+    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+        raise FileNotFoundError(f"{path}: no such directory")
+    if fmt == "hf":
+        return hf.read_hf(path, seed, log)
+    if fmt == "tf":
+        return tf.read_tf(path, seed, log)
+    if fmt == "bertjax":
+        return read_bertjax(path)
+    raise ValueError(f"unknown checkpoint format {fmt!r}: expected one of {FORMATS}")
+
+
+def write(fmt: str, path: str, converted: Converted, overwrite: bool = False,
+          log: Log = print) -> str:
+    from bertjax.convert import hf, tf
+    writers = {"hf": hf.write_hf, "tf": tf.write_tf, "bertjax": write_bertjax}
+    if fmt not in writers:
+        raise ValueError(f"unknown checkpoint format {fmt!r}: expected one of {FORMATS}")
+    return writers[fmt](path, converted, overwrite, log)
+
+
+def convert(input_path: str, output_path: str, src: str = "bertjax", dst: str = "bertjax",
+            seed: int = 0, overwrite: bool = False, log: Log = print,
+            warn: Log = _stderr) -> Converted:
+    """Reads `input_path` in format `src`, writes `output_path` in format `dst`. Parts the
+    input lacks (heads, pooler) are initialised fresh with `seed` and reported via `warn`."""
+    if src == dst:
+        raise ValueError(f"--from and --to are both {src!r}: nothing to convert")
+    files.check_output(output_path, overwrite)
+    converted = read(src, input_path, seed, log)
+    if converted.fresh:
+        warn(f"warning: {input_path} lacks these tensors; initialised fresh (seed {seed}): "
+             + ", ".join(converted.fresh))
+    if not converted.tokenizer_files:
+        warn(f"warning: no tokenizer file ({', '.join(files.TOKENIZER_FILES)}) in "
+             f"{input_path}; the output has none")
+    write(dst, output_path, converted, overwrite, log)
+    log(f"done: {output_path}")
+    return converted

@@ -42,7 +42,10 @@ def serialize_document(sentences: Document) -> bytes:
         "token_ids": tf.train.Feature(int64_list=tf.train.Int64List(value=flat)),
         "sentence_lengths": tf.train.Feature(int64_list=tf.train.Int64List(value=lengths)),
     }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # deterministic: protobuf map order otherwise varies by process, and shards should be
+    # byte-identical across runs of the same prepare.
+    example = tf.train.Example(features=tf.train.Features(feature=feature))
+    return example.SerializeToString(deterministic=True)
 
 
 def parse_document(serialized: tf.Tensor) -> dict[str, tf.Tensor]:

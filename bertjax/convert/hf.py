@@ -1,0 +1,193 @@
+"""Hugging Face BERT directories (`config.json`, `model.safetensors` or `pytorch_model.bin`).
+
+Reads `BertModel`, `BertForPreTraining` and `BertForMaskedLM` exports: keys with or without
+the `bert.` prefix, old `gamma`/`beta` LayerNorm names, with or without the `cls.*` heads.
+Writes what `transformers.BertForPreTraining.from_pretrained` loads.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+import numpy as np
+
+from bertjax.convert import files, table
+from bertjax.convert.params import Log, read_params, write_tensors
+from bertjax.convert.result import Converted
+from bertjax.models.bert import BertConfig
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+
+# Hugging Face activation names that bertjax spells differently.
+_ACT_FROM_HF = {"gelu_pytorch_tanh": "gelu_tanh"}
+_ACT_TO_HF = {"gelu_tanh": "gelu_new"}
+
+
+def config_from_hf(hf: dict, path: str) -> BertConfig:
+    model_type = hf.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"{path}: model_type {model_type!r}; only BERT ('bert') is supported")
+    position_type = hf.get("position_embedding_type", "absolute")
+    if position_type != "absolute":
+        raise ValueError(f"{path}: position_embedding_type {position_type!r}; bertjax has "
+                         f"absolute position embeddings only")
+    act = hf.get("hidden_act", "gelu")
+    try:
+        return BertConfig.from_dict({**hf, "hidden_act": _ACT_FROM_HF.get(act, act)})
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def config_to_hf(config: BertConfig, architecture: str, pad_token_id: int | None) -> dict:
+    values = config.to_dict()
+    del values["pre_layer_norm"]  # always False here: check_convertible ran
+    values["hidden_act"] = _ACT_TO_HF.get(config.hidden_act, config.hidden_act)
+    hf = {"architectures": [architecture], "model_type": "bert",
+          "position_embedding_type": "absolute", **values}
+    if pad_token_id is not None:
+        hf["pad_token_id"] = pad_token_id
+    return hf
+
+
+def _normalise(key: str) -> str:
+    """The key as `BertForPreTraining` spells it now: `bert.` prefix, LayerNorm weight/bias."""
+    if not key.startswith(("bert.", "cls.")):
+        key = "bert." + key
+    return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
+                  re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
+
+
+class HFSource:
+    """The tensors of a Hugging Face checkpoint under normalised names, loaded on demand."""
+
+    def __init__(self, directory: str):
+        self.path, self._load, self._shape, keys = _open(directory)
+        self._raw: dict[str, str] = {}
+        for key in keys:
+            name = _normalise(key)
+            if name in self._raw:
+                raise ValueError(f"{self.path}: {key!r} and {self._raw[name]!r} are the same "
+                                 f"tensor ({name})")
+            self._raw[name] = key
+
+    def names(self) -> list[str]:
+        return list(self._raw)
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._shape(self._raw[name]))
+
+    def get(self, name: str) -> np.ndarray:
+        return self._load(self._raw[name])
+
+    def label(self, name: str) -> str:
+        return self._raw.get(name, name)
+
+    def pop(self, name: str) -> None:
+        del self._raw[name]
+
+    def rename(self, name: str, new_name: str) -> None:
+        self._raw[new_name] = self._raw.pop(name)
+
+
+def _open(directory: str):
+    """(path, load(key), shape(key), keys) of the weights file(s) in `directory`."""
+    path = os.path.join(directory, SAFETENSORS)
+    if os.path.isfile(path):
+        from safetensors import safe_open
+        handle = safe_open(path, "np")
+        return (path, handle.get_tensor, lambda k: handle.get_slice(k).get_shape(),
+                list(handle.keys()))
+    path = os.path.join(directory, SAFETENSORS_INDEX)
+    if os.path.isfile(path):
+        from safetensors import safe_open
+        weight_map = files.read_json(path).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{path}: no 'weight_map' object")
+        handles = {f: safe_open(os.path.join(directory, f), "np")
+                   for f in sorted(set(weight_map.values()))}
+        return (path, lambda k: handles[weight_map[k]].get_tensor(k),
+                lambda k: handles[weight_map[k]].get_slice(k).get_shape(), list(weight_map))
+    path = os.path.join(directory, TORCH_BIN)
+    if os.path.isfile(path):
+        try:
+            import torch
+        except ImportError:
+            raise ImportError(f"{path}: reading pytorch_model.bin needs PyTorch, which is not "
+                              f"installed; install torch, or save the model as "
+                              f"{SAFETENSORS}") from None
+        # mmap: tensors are paged in one at a time as they are converted.
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return (path, lambda k: state[k].to(torch.float32).numpy(), lambda k: state[k].shape,
+                list(state))
+    raise FileNotFoundError(f"{directory}: no {SAFETENSORS}, {SAFETENSORS_INDEX} or "
+                            f"{TORCH_BIN} (a Hugging Face BERT directory holds one of them)")
+
+
+def _resolve_tied(source: HFSource, log: Log) -> None:
+    """Drops the tensors BertForPreTraining derives from others, after checking they are."""
+    ignored = []
+    if table.HF_POSITION_IDS in source.names():
+        source.pop(table.HF_POSITION_IDS)
+        ignored.append(f"{table.HF_POSITION_IDS} (a buffer)")
+    names = source.names()
+    if table.HF_DECODER_BIAS in names and table.HF_MLM_BIAS not in names:
+        source.rename(table.HF_DECODER_BIAS, table.HF_MLM_BIAS)
+    for tied, to in ((table.HF_DECODER_WEIGHT, table.HF_WORD_EMBEDDINGS),
+                     (table.HF_DECODER_BIAS, table.HF_MLM_BIAS)):
+        if tied not in source.names():
+            continue
+        if (to not in source.names() or source.shape(tied) != source.shape(to)
+                or not np.array_equal(source.get(tied), source.get(to))):
+            raise ValueError(f"{source.path}: {source.label(tied)} is not tied to "
+                             f"{source.label(to)}; bertjax's MLM decoder is the word "
+                             f"embeddings and cannot hold a separate one")
+        source.pop(tied)
+        ignored.append(f"{tied} (tied to {to})")
+    if ignored:
+        log(f"ignoring {', '.join(ignored)}")
+
+
+def read_hf(directory: str, seed: int = 0, log: Log = print) -> Converted:
+    config_path = os.path.join(directory, "config.json")
+    config = config_from_hf(files.read_json(config_path), config_path)
+    source = HFSource(directory)
+    _resolve_tied(source, log)
+    params, fresh = read_params(config, source, "hf", seed, log)
+    return Converted(config, params, fresh, files.tokenizer_files(directory))
+
+
+def _pad_id(tokenizer_paths: list[str]) -> int | None:
+    vocab = [p for p in tokenizer_paths if os.path.basename(p) == "vocab.txt"]
+    if not vocab:
+        return None
+    with open(vocab[0], encoding="utf-8") as f:
+        tokens = [line.rstrip("\n") for line in f]
+    return tokens.index("[PAD]") if "[PAD]" in tokens else None
+
+
+def write_hf(directory: str, converted: Converted, overwrite: bool = False,
+             log: Log = print) -> str:
+    from safetensors.numpy import save_file
+
+    config = converted.config
+    tensors = dict(write_tensors(config, converted.params, "hf", log))
+    heads = table.HF_MLM_BIAS in tensors and "cls.seq_relationship.weight" in tensors
+    if table.HF_MLM_BIAS in tensors:
+        # Written out although tied: readers other than transformers expect the decoder.
+        tensors[table.HF_DECODER_WEIGHT] = tensors[table.HF_WORD_EMBEDDINGS]
+        tensors[table.HF_DECODER_BIAS] = tensors[table.HF_MLM_BIAS]
+    hf_config = config_to_hf(config, "BertForPreTraining" if heads else "BertModel",
+                             _pad_id(converted.tokenizer_files))
+    with files.atomic_directory(directory, overwrite) as tmp:
+        log(f"writing {len(tensors)} tensors to {os.path.join(directory, SAFETENSORS)}")
+        save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
+        os.chmod(os.path.join(tmp, SAFETENSORS), 0o644)  # safetensors creates it owner-only
+        files.write_json(os.path.join(tmp, "config.json"), hf_config)
+        for p in converted.tokenizer_files:
+            shutil.copy(p, tmp)
+    return os.path.abspath(directory)
+

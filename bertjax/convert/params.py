@@ -1,0 +1,178 @@
+"""Building the bertjax parameter tree from named tensors (and back), checked against the table.
+
+Reading goes tensor by tensor, so a big checkpoint is never held twice: a source yields one
+array, it is renamed and reshaped, placed on the host CPU, and the next is read. Parts a
+checkpoint lacks (`table.OPTIONAL_PARTS`) are initialised with the model's own initialiser;
+anything else missing, extra or of the wrong shape is an error naming the tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Protocol
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.convert import table
+from bertjax.models.bert import BertConfig
+from bertjax.models.heads import BertForPreTraining
+
+Log = Callable[[str], None]
+
+
+class Source(Protocol):
+    """Tensors of one checkpoint by (normalised) name, loaded one at a time."""
+
+    path: str
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, name: str) -> tuple: ...
+
+    def get(self, name: str) -> np.ndarray: ...
+
+    def label(self, name: str) -> str:
+        """The name as the file spells it, for messages."""
+
+
+def check_convertible(config: BertConfig) -> None:
+    if config.pre_layer_norm:
+        raise ValueError("pre_layer_norm=True models have no original TF / Hugging Face BERT "
+                         "equivalent (both are post-LN); they cannot be converted")
+
+
+def _dummy_inputs():
+    ids = jnp.zeros((1, 1), jnp.int32)
+    return ids, ids, ids, ids
+
+
+def abstract_params(config: BertConfig, sharding=None) -> dict:
+    """ShapeDtypeStructs of `BertForPreTraining`'s params (without the 'params' collection)."""
+    model = BertForPreTraining(config)
+    tree = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_inputs()))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                        nn.unbox(tree["params"]))
+
+
+def flatten(tree) -> dict:
+    return {jax.tree_util.keystr(path, simple=True, separator="/"): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def unflatten(flat: dict) -> dict:
+    tree: dict = {}
+    for path, leaf in flat.items():
+        *parents, last = path.split("/")
+        node = tree
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = leaf
+    return tree
+
+
+def host_device():
+    """Where converted params are built: host memory, not an accelerator's."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS leaves out the CPU backend
+        return jax.devices()[0]
+
+
+def init_fresh(config: BertConfig, paths: list[str], seed: int) -> dict:
+    """The listed params as a fresh model with this seed would have them; jit lets XLA drop
+    the initialisation of everything else, so the rest of a big model is never materialised."""
+    if not paths:
+        return {}
+    model = BertForPreTraining(config)
+
+    def init(rng):
+        flat = flatten(nn.unbox(model.init(rng, *_dummy_inputs())["params"]))
+        return {p: flat[p] for p in paths}
+
+    with jax.default_device(host_device()):
+        return jax.jit(init)(jax.random.PRNGKey(seed))
+
+
+def _problems(title: str, items: list[str], limit: int = 10) -> str:
+    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+    return f"{title}: " + "; ".join(items[:limit]) + more
+
+
+def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
+                log: Log = print) -> tuple[dict, list[str]]:
+    """(params, paths initialised fresh) of `BertForPreTraining` from a checkpoint in format
+    `fmt` ('tf' or 'hf'); raises one error listing every unexpected, misshapen or missing
+    tensor."""
+    check_convertible(config)
+    shapes = {path: tuple(x.shape) for path, x in flatten(abstract_params(config)).items()}
+    rows = table.rows(config.num_hidden_layers)
+    by_name = {row.name(fmt): row for row in rows}
+    available = set(source.names())
+
+    unexpected = sorted(source.label(n) for n in available - set(by_name))
+    wrong = [f"{source.label(n)} has shape {source.shape(n)}, expected "
+             f"{row.shape(fmt, shapes[row.ours])} (bertjax {row.ours})"
+             for n, row in by_name.items()
+             if n in available and tuple(source.shape(n)) != row.shape(fmt, shapes[row.ours])]
+    missing = [row for row in rows if row.name(fmt) not in available]
+    absent_parts = {table.optional_part(row.ours) for row in missing} - {None}
+    partial = {part for part in absent_parts
+               if any(row.name(fmt) in available for row in rows if row.ours.startswith(part))}
+    required = [row.name(fmt) for row in missing
+                if table.optional_part(row.ours) in (None, *partial)]
+    problems = []
+    if unexpected:
+        problems.append(_problems("unexpected tensors (not part of a BERT pretraining model)",
+                                  unexpected))
+    if wrong:
+        problems.append(_problems(f"wrong shapes for the config (hidden_size "
+                                  f"{config.hidden_size}, {config.num_attention_heads} heads, "
+                                  f"vocab_size {config.vocab_size})", wrong))
+    if required:
+        problems.append(_problems("missing tensors", required))
+    if problems:
+        raise ValueError(f"{source.path}: " + ". ".join(problems))
+
+    device = host_device()
+    present = [row for row in rows if row.name(fmt) in available]
+    log(f"reading {len(present)} tensors from {source.path}")
+    flat = {}
+    for row in present:
+        x = row.to_ours(source.get(row.name(fmt)), fmt, shapes[row.ours])
+        flat[row.ours] = jax.device_put(x.astype(config.param_dtype), device)
+    fresh = [row.ours for row in missing]
+    if fresh:
+        log(f"initialising {', '.join(sorted(absent_parts))} fresh "
+            f"(not in the checkpoint, seed {seed})")
+        flat.update(init_fresh(config, fresh, seed))
+    return unflatten({path: flat[path] for path in shapes}), fresh
+
+
+def write_tensors(config: BertConfig, params: dict, fmt: str,
+                  log: Log = print) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) in format `fmt` for every table tensor in `params`; optional parts that
+    `params` lacks are left out (and said so); anything else missing or extra is an error."""
+    check_convertible(config)
+    flat = flatten(params)
+    rows = table.rows(config.num_hidden_layers)
+    known = {row.ours for row in rows}
+    extra = sorted(set(flat) - known)
+    missing = [row.ours for row in rows if row.ours not in flat]
+    required = [p for p in missing if table.optional_part(p) is None]
+    if extra or required:
+        problems = ([_problems("parameters with no original equivalent", extra)] if extra else [])
+        problems += [_problems("missing parameters", required)] if required else []
+        raise ValueError("cannot convert these params: " + ". ".join(problems))
+    expected = flatten(abstract_params(config))
+    wrong = [f"{p} has shape {tuple(flat[p].shape)}, expected {tuple(expected[p].shape)}"
+             for p in flat if tuple(flat[p].shape) != tuple(expected[p].shape)]
+    if wrong:
+        raise ValueError(_problems("params do not match their config", wrong))
+    if missing:
+        parts = sorted({table.optional_part(p) for p in missing})
+        log(f"not written (absent from the params): {', '.join(parts)}")
+    for row in rows:
+        if row.ours in flat:
+            yield row.name(fmt), row.from_ours(jax.device_get(flat[row.ours]), fmt)

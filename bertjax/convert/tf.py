@@ -1,0 +1,112 @@
+"""Original Google BERT releases: `bert_config.json`, `vocab.txt`, `bert_model.ckpt.*`.
+
+Reads with `tf.train.load_checkpoint` and writes with the same `SaveV2` op `tf.compat.v1`'s
+Saver uses, so the variables carry exactly the original names (`bert/encoder/layer_0/...`)
+and `run_pretraining.py` / `run_classifier.py` can `init_checkpoint` from the output.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import numpy as np
+
+from bertjax.convert import files, table
+from bertjax.convert.params import Log, read_params, write_tensors
+from bertjax.convert.result import Converted
+from bertjax.models.bert import BertConfig
+
+CONFIG_FILE = "bert_config.json"
+CHECKPOINT_NAME = "bert_model.ckpt"
+
+
+def _tf():
+    import tensorflow as tf
+    try:
+        # TensorFlow only moves arrays here; it must not claim the accelerators JAX uses.
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        pass  # already initialised by the caller, which chose its devices itself
+    return tf
+
+
+def find_checkpoint(path: str) -> str:
+    """The checkpoint prefix at `path`: a prefix itself, or a directory holding one."""
+    if os.path.isfile(path + ".index"):
+        return path
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path}: neither a directory nor a TF checkpoint prefix "
+                                f"({path}.index does not exist)")
+    preferred = os.path.join(path, CHECKPOINT_NAME)
+    if os.path.isfile(preferred + ".index"):
+        return preferred
+    latest = _tf().train.latest_checkpoint(path)
+    if latest:
+        return latest
+    found = sorted(glob.glob(os.path.join(path, "*.index")))
+    if len(found) != 1:
+        raise FileNotFoundError(
+            f"{path}: expected one TF checkpoint ({CHECKPOINT_NAME}.index), found "
+            f"{[os.path.basename(f) for f in found] or 'none'}")
+    return found[0][: -len(".index")]
+
+
+class TFSource:
+    """The variables of a TF checkpoint, read one at a time; optimizer slots left out."""
+
+    def __init__(self, prefix: str, log: Log):
+        self.path = prefix
+        self._reader = _tf().train.load_checkpoint(prefix)
+        self._shapes = self._reader.get_variable_to_shape_map()
+        ignored = sorted(n for n in self._shapes if n in table.TF_IGNORED_NAMES
+                         or n.endswith(table.TF_IGNORED_SUFFIXES))
+        if ignored:
+            log(f"ignoring {len(ignored)} non-weight variables (step counter, Adam slots)")
+        self._names = [n for n in self._shapes if n not in ignored]
+
+    def names(self) -> list[str]:
+        return self._names
+
+    def shape(self, name: str) -> tuple:
+        return tuple(self._shapes[name])
+
+    def get(self, name: str) -> np.ndarray:
+        return self._reader.get_tensor(name)
+
+    def label(self, name: str) -> str:
+        return name
+
+
+def read_tf(path: str, seed: int = 0, log: Log = print) -> Converted:
+    prefix = find_checkpoint(path)
+    directory = path if os.path.isdir(path) else os.path.dirname(prefix)
+    config_path = os.path.join(directory, CONFIG_FILE)
+    try:
+        config = BertConfig.from_dict(files.read_json(config_path))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{config_path}: {e}") from None
+    params, fresh = read_params(config, TFSource(prefix, log), "tf", seed, log)
+    return Converted(config, params, fresh, files.tokenizer_files(directory))
+
+
+def write_tf(directory: str, converted: Converted, overwrite: bool = False,
+             log: Log = print) -> str:
+    tf = _tf()
+    config = converted.config
+    names, tensors = zip(*write_tensors(config, converted.params, "tf", log))
+    values = config.to_dict()
+    del values["pre_layer_norm"]  # always False here: write_tensors checked it
+    with files.atomic_directory(directory, overwrite) as tmp:
+        log(f"writing {len(names)} variables to {os.path.join(directory, CHECKPOINT_NAME)}")
+        tf.raw_ops.SaveV2(prefix=os.path.join(tmp, CHECKPOINT_NAME), tensor_names=list(names),
+                          shape_and_slices=[""] * len(names), tensors=list(tensors))
+        # The state file `tf.train.latest_checkpoint` looks for; relative, so it moves along.
+        with open(os.path.join(tmp, "checkpoint"), "w") as f:
+            f.write(f'model_checkpoint_path: "{CHECKPOINT_NAME}"\n'
+                    f'all_model_checkpoint_paths: "{CHECKPOINT_NAME}"\n')
+        files.write_json(os.path.join(tmp, CONFIG_FILE), values)
+        for p in converted.tokenizer_files:
+            shutil.copy(p, tmp)
+    return os.path.abspath(directory)

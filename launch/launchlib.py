@@ -1,0 +1,244 @@
+"""What the TPU VM and Cloud Batch launchers share: checks, commands, worker setup, dry run.
+
+Both launchers turn their flags into a list of commands (gcloud, git) and run them in
+order with `Runner`, which in dry-run mode prints each command on one line and runs none.
+Lines that are not commands start with `#`, so a dry run reads as an annotated script.
+Nothing here imports bertjax: the launchers run on a laptop that only has Python and gcloud.
+"""
+from __future__ import annotations
+
+import atexit
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Sequence
+
+from absl import flags
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ARCHIVE_NAME = "bertjax-src.tar.gz"
+POLL_SECONDS = 60
+
+# Resource names (TPU VMs, queued resources, Batch jobs) share the RFC 1035 rule.
+_NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
+_ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+flags.DEFINE_string("project", None, "Google Cloud project. Default: `gcloud config get-value "
+                    "project` (a dry run needs it given explicitly).")
+flags.DEFINE_string("config", None, "Config file for bertjax.main, relative to the repository "
+                    "root, e.g. configs/base.py.")
+flags.DEFINE_string("workdir", None, "Run directory for bertjax.main: gs://BUCKET/PATH, so "
+                    "checkpoints outlive the VMs and a rerun resumes from them.")
+flags.DEFINE_bool("allow_local_workdir", False, "Accept a workdir that is not gs:// (its "
+                  "checkpoints die with the VM; only for short experiments).")
+flags.DEFINE_string("name", None, "Name of the TPU VM / Batch job (lowercase letters, digits, "
+                    "hyphens). Default: bertjax-YYYYMMDD-HHMMSS.")
+flags.DEFINE_enum("source", "local", ["local", "git"], "Code the workers run: `local` ships "
+                  "`git archive` of --ref from this checkout; `git` clones --git_url at --ref.")
+flags.DEFINE_string("git_url", None, "Repository to clone on the workers (--source=git).")
+flags.DEFINE_string("ref", "HEAD", "Git ref to archive (--source=local; commit first, "
+                    "uncommitted changes are not shipped) or to check out (--source=git).")
+flags.DEFINE_string("python_version", "3.11", "Python the workers' virtualenv is built with "
+                    "(uv fetches it when the image has an older one).")
+flags.DEFINE_multi_string("env", [], "KEY=VALUE set for bertjax.main on every worker; "
+                          "repeatable (e.g. --env=XLA_FLAGS=...).")
+flags.DEFINE_integer("retries", 0, "How many times to start again from scratch (same workdir, "
+                     "so training resumes from its last checkpoint) after a preemption.")
+flags.DEFINE_bool("dry_run", False, "Print every command, in order, one per line; run none.")
+
+FLAGS = flags.FLAGS
+
+
+class LaunchError(Exception):
+    """A bad or missing launcher input; the message names it and what was expected."""
+
+
+def fail(message: str) -> None:
+    """Prints one error line and exits non-zero: bad input never ends in a traceback."""
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def require(value: str | None, flag: str, expected: str) -> str:
+    if not value:
+        raise LaunchError(f"missing --{flag}: pass --{flag}={expected}")
+    return value
+
+
+def check_name(name: str | None) -> str:
+    name = name or time.strftime("bertjax-%Y%m%d-%H%M%S")
+    if not _NAME_RE.fullmatch(name):
+        raise LaunchError(f"--name={name!r} is not a valid resource name: use 1-63 lowercase "
+                          "letters, digits and hyphens, starting with a letter")
+    return name
+
+
+def check_workdir(workdir: str | None, allow_local: bool) -> str | None:
+    """Returns the workdir's bucket, or None for an allowed local workdir."""
+    workdir = require(workdir, "workdir", "gs://BUCKET/PATH")
+    if workdir.startswith("gs://"):
+        bucket = workdir[len("gs://"):].split("/", 1)[0]
+        if not bucket:
+            raise LaunchError(f"missing bucket in --workdir={workdir}: expected gs://BUCKET/PATH")
+        return bucket
+    if not allow_local:
+        raise LaunchError(
+            f"--workdir={workdir} is not a gs:// path: the VMs' disks (and the checkpoints on "
+            "them) are lost when the VMs are deleted or preempted. Use gs://BUCKET/PATH, or pass "
+            "--allow_local_workdir to accept that")
+    return None
+
+
+def check_env(pairs: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not _ENV_NAME_RE.fullmatch(key):
+            raise LaunchError(f"--env={pair!r} is not KEY=VALUE with KEY a variable name")
+        env[key] = value
+    return env
+
+
+def main_command(config: str | None, workdir: str, overrides: Sequence[str]) -> list[str]:
+    """The `python -m bertjax.main` argv every worker runs; overrides pass through verbatim."""
+    config = require(config, "config", "configs/base.py")
+    for arg in overrides:
+        if re.match(r"--(config|workdir)(=|$)", arg):
+            raise LaunchError(f"{arg!r} after `--`: pass --config and --workdir to the launcher "
+                              "itself; only overrides such as --config.x.y=v go after `--`")
+    return ["python", "-m", "bertjax.main", f"--config={config}", f"--workdir={workdir}",
+            *overrides]
+
+
+def env_exports(env: dict[str, str]) -> list[str]:
+    return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+
+
+def check_source(source: str, git_url: str | None) -> None:
+    if source == "git":
+        require(git_url, "git_url", "https://github.com/OWNER/bertjax.git (with --source=git)")
+    elif git_url:
+        raise LaunchError("--git_url is only used with --source=git (the default, --source=local, "
+                          "ships this checkout)")
+
+
+def worker_setup(base: str, source: str, git_url: str | None, ref: str, tarball: str,
+                 jax_extra: str, python_version: str) -> str:
+    """Shell line that puts the repo at BASE/bertjax and a virtualenv at BASE/bertjax-venv.
+
+    BASE is a trusted constant ($HOME or /opt), left unquoted so the worker's shell expands it;
+    every user-given value is quoted. uv provides the Python version (TPU images ship 3.10,
+    bertjax needs 3.11) and installs against the repo's pinned constraints, so workers run the
+    versions the tests ran on, plus the accelerator's jax extra.
+    """
+    repo, venv, uv_dir = f"{base}/bertjax", f"{base}/bertjax-venv", f"{base}/bertjax-uv"
+    steps = [f"rm -rf {repo} {venv}"]
+    if source == "git":
+        steps += [f"git clone --quiet {shlex.quote(git_url)} {repo}",
+                  f"git -C {repo} checkout --quiet {shlex.quote(ref)}"]
+    else:
+        steps.append(f"tar -xzf {tarball} -C {base}")
+    steps += [
+        f"curl -LsSf https://astral.sh/uv/install.sh | env UV_INSTALL_DIR={uv_dir} "
+        "UV_NO_MODIFY_PATH=1 sh",
+        f"{uv_dir}/uv venv --quiet --python {shlex.quote(python_version)} {venv}",
+        f"{uv_dir}/uv pip install --quiet --python {venv}/bin/python "
+        f"-c {repo}/requirements/constraints.txt -e {repo} {shlex.quote(f'jax[{jax_extra}]')}",
+    ]
+    return " && ".join(steps)
+
+
+def worker_run(base: str, env: dict[str, str], command: Sequence[str]) -> list[str]:
+    """Steps that start bertjax.main from the repo root (configs/ paths are relative to it)."""
+    return [f"cd {base}/bertjax", f". {base}/bertjax-venv/bin/activate", *env_exports(env),
+            shlex.join(command)]
+
+
+class Runner:
+    """Runs commands, or in dry-run mode prints them one per line and runs nothing.
+
+    In a real run each command is echoed to stderr (like `bash -x`) before it runs, so the
+    log shows what happened; its output streams through unless it is captured.
+    """
+
+    def __init__(self, dry_run: bool):
+        self.dry_run = dry_run
+        self.tmpdir = Path(tempfile.mkdtemp(prefix="bertjax-launch-"))
+        if not dry_run:
+            # A dry run keeps its files (job.json can be submitted by hand); a real run has
+            # handed them to gcloud by the time it exits.
+            atexit.register(shutil.rmtree, self.tmpdir, ignore_errors=True)
+
+    def note(self, message: str) -> None:
+        for line in message.splitlines():
+            print(f"# {line}".rstrip(), file=sys.stdout if self.dry_run else sys.stderr,
+                  flush=True)
+
+    def _echo(self, argv: Sequence[str]) -> None:
+        if self.dry_run:
+            print(shlex.join(argv), flush=True)
+        else:
+            print(f"+ {shlex.join(argv)}", file=sys.stderr, flush=True)
+
+    def run(self, argv: Sequence[str]) -> int:
+        self._echo(argv)
+        if self.dry_run:
+            return 0
+        return subprocess.run(list(argv), check=False).returncode
+
+    def output(self, argv: Sequence[str], show_errors: bool = True) -> str | None:
+        """stdout of a query command (None when it fails, or in a dry run)."""
+        self._echo(argv)
+        if self.dry_run:
+            return None
+        result = subprocess.run(list(argv), check=False, capture_output=True, text=True)
+        if result.returncode != 0:
+            if show_errors:
+                print(result.stderr, file=sys.stderr, end="")
+            return None
+        return result.stdout.strip()
+
+
+def resolve_project(project: str | None, runner: Runner) -> str:
+    if project:
+        return project
+    if runner.dry_run:
+        raise LaunchError("missing --project: a dry run does not read gcloud's configuration, "
+                          "pass --project=PROJECT")
+    found = runner.output(["gcloud", "config", "get-value", "project"])
+    if not found or found == "(unset)":
+        raise LaunchError("missing --project: pass --project=PROJECT or run "
+                          "`gcloud config set project PROJECT`")
+    return found
+
+
+def archive_source(runner: Runner, ref: str) -> Path:
+    """`git archive` of REF into a local tarball that unpacks to bertjax/."""
+    tarball = runner.tmpdir / ARCHIVE_NAME
+    if not runner.dry_run:
+        found = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet",
+                                f"{ref}^{{commit}}"], capture_output=True, check=False)
+        if found.returncode != 0:
+            raise LaunchError(f"--ref={ref} is not a commit of {REPO_ROOT}")
+    status = runner.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar.gz",
+                         "--prefix=bertjax/", f"--output={tarball}", ref])
+    if status != 0:
+        raise LaunchError(f"`git archive {ref}` failed in {REPO_ROOT}")
+    return tarball
+
+
+def check_config_in_source(source: str, ref: str, config: str, dry_run: bool) -> None:
+    """Fails before any VM exists when the shipped commit lacks the config file."""
+    if source != "local" or dry_run:
+        return
+    found = subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", f"{ref}:{config}"],
+                           capture_output=True, check=False)
+    if found.returncode != 0:
+        raise LaunchError(f"--config={config} is not in {ref} of {REPO_ROOT}: the workers get "
+                          "that commit (commit the file, or fix the path: it is relative to the "
+                          "repository root)")
