@@ -7,12 +7,12 @@ import pytest
 
 from bertjax.data.conll import (TaggedSentence, read_conll, tag_vocab, tagging_features,
                                 word_predictions)
-from task_data import WordPiece
+from task_data import wordpiece
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return WordPiece()
+    return wordpiece()
 
 
 def _write(path, text):

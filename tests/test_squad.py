@@ -9,12 +9,12 @@ import pytest
 from bertjax.data.spans import best_answers
 from bertjax.data.squad import SquadExample, context_words, read_squad, squad_features
 from bertjax.training.task_metrics import squad_scores
-from task_data import WordPiece
+from task_data import austen_paragraphs, wordpiece
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return WordPiece()
+    return wordpiece()
 
 
 def _squad_file(path, qas, context, version=None):
@@ -74,10 +74,13 @@ def test_context_words_follow_bert_basic_splits():
 
 
 def _austen_examples():
-    with open("/work/shared/data/austen/austen_six_novels.txt", encoding="utf-8") as f:
-        text = f.read()
-    start = text.index("It is a truth universally acknowledged")
-    context = " ".join(text[start:start + 6000].split())
+    paragraphs = austen_paragraphs()
+    first = next(i for i, p in enumerate(paragraphs) if p.startswith("It is a truth universally"))
+    context = ""
+    for paragraph in paragraphs[first:]:
+        context = f"{context} {paragraph}".strip()
+        if len(context) > 6000:
+            break
     words = context_words(context)
     examples = []
     for k, w in enumerate(range(5, len(words) - 5, 97)):

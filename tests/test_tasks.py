@@ -10,12 +10,12 @@ from transformers import BertTokenizerFast
 
 from bertjax.data.features import LabelVocab
 from bertjax.data.tasks import classification_features, read_table, read_tfds
-from task_data import MINILM_DIR, WordPiece
+from task_data import MINILM_DIR, wordpiece
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return WordPiece()
+    return wordpiece()
 
 
 def _write(path, text):
