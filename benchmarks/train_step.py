@@ -1,0 +1,214 @@
+"""Sequences per second of one full pretraining step: bertjax vs Hugging Face Flax vs PyTorch.
+
+  PYTHONPATH=. python benchmarks/train_step.py            # mini: L4/H256/A4, B32, S128, P20
+  PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
+
+Each framework runs the same step on the same inputs: forward with dropout 0.1, masked-LM
+loss at the P masked positions plus next-sentence loss, backward, global-norm clipping at 1.0
+and bias-corrected AdamW (lr 1e-4, weight decay 0.01 except LayerNorm and biases). bertjax
+projects only the P gathered positions onto the vocabulary; the Hugging Face models project
+all S positions and then pick the labelled ones. Warm-up steps (compilation) are excluded,
+every timed step is waited for (block_until_ready / the loss fetched), and each timing is the
+best of several repeats, because the machine may be shared. MFU counts the model's necessary
+matmul FLOPs (bertjax's, the same for all three) against the best f32 matmul FLOP/s measured
+on this machine in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from bertjax.models import presets  # noqa: E402
+from bertjax.models.heads import BertForPreTraining  # noqa: E402
+from bertjax.training import metrics, optimizers, pretrain, sharding  # noqa: E402
+
+LR, WEIGHT_DECAY, CLIP, DROPOUT = 1e-4, 0.01, 1.0, 0.1
+
+
+def make_inputs(batch: int, seq_len: int, predictions: int, vocab: int, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    ids = rng.integers(5, vocab, (batch, seq_len)).astype(np.int32)
+    positions = np.stack([np.sort(rng.choice(np.arange(1, seq_len - 1), predictions, False))
+                          for _ in range(batch)]).astype(np.int32)
+    segment = np.zeros((batch, seq_len), np.int32)
+    segment[:, seq_len // 2:] = 1
+    return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": segment,
+            "masked_lm_positions": positions,
+            "masked_lm_ids": np.take_along_axis(ids, positions, 1),
+            "masked_lm_weights": np.ones((batch, predictions), np.float32),
+            "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
+
+
+def time_steps(step, warmup: int, steps: int, repeats: int) -> float:
+    """Best seconds per step; `step()` must block until its step is done."""
+    for _ in range(warmup):
+        step()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            step()
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best
+
+
+def bertjax_step(config, inputs):
+    model = BertForPreTraining(config)
+    schedule = optax.constant_schedule(LR)
+    tx = optimizers.make_optimizer("adamw", schedule, b1=0.9, b2=0.999, eps=1e-6,
+                                   weight_decay=WEIGHT_DECAY, clip_norm=CLIP)
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    repl = sharding.replicated(mesh)
+    ids = jnp.asarray(inputs["input_ids"][:1])
+    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
+                                 jnp.asarray(inputs["masked_lm_positions"][:1]))["params"])
+    params = jax.device_put(params, repl)
+    state = pretrain.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    train_step = jax.jit(pretrain.make_train_step(model, tx, schedule, grad_accum_steps=1,
+                                                  nsp=True), donate_argnums=(0,))
+    batch = jax.device_put(inputs, repl)
+    rng = jax.random.PRNGKey(1)
+    holder = {"state": state}
+
+    def step():
+        holder["state"], m = train_step(holder["state"], batch, rng)
+        jax.block_until_ready(m["loss"])
+    return step
+
+
+def hf_labels(inputs):
+    labels = np.full(inputs["input_ids"].shape, -100, np.int64)
+    np.put_along_axis(labels, inputs["masked_lm_positions"], inputs["masked_lm_ids"], 1)
+    return labels
+
+
+def hf_flax_step(config, inputs):
+    import transformers
+    hf_config = transformers.BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size, hidden_dropout_prob=DROPOUT,
+        attention_probs_dropout_prob=DROPOUT)
+    model = transformers.FlaxBertForPreTraining(hf_config, seed=0)
+    tx = optax.chain(optax.clip_by_global_norm(CLIP),
+                     optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-6, weight_decay=WEIGHT_DECAY,
+                                 mask=optimizers.decay_mask))
+    params = model.params
+    opt_state = tx.init(params)
+    labels = jnp.asarray(hf_labels(inputs))
+    batch = {k: jnp.asarray(v) for k, v in inputs.items()}
+
+    def loss_fn(p, rng):
+        out = model(batch["input_ids"], attention_mask=batch["input_mask"],
+                    token_type_ids=batch["segment_ids"], params=p, dropout_rng=rng, train=True)
+        logits, nsp = out.prediction_logits, out.seq_relationship_logits
+        valid = labels >= 0
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels, 0))
+        mlm = jnp.sum(ce * valid) / jnp.sum(valid)
+        return mlm + optax.softmax_cross_entropy_with_integer_labels(
+            nsp, batch["next_sentence_labels"]).mean()
+
+    @jax.jit
+    def train_step(p, o, step):
+        loss, grads = jax.value_and_grad(loss_fn)(p, jax.random.fold_in(jax.random.PRNGKey(1),
+                                                                        step))
+        updates, o = tx.update(grads, o, p)
+        return optax.apply_updates(p, updates), o, loss
+
+    holder = {"p": params, "o": opt_state, "step": 0}
+
+    def step():
+        holder["p"], holder["o"], loss = train_step(holder["p"], holder["o"], holder["step"])
+        holder["step"] += 1
+        jax.block_until_ready(loss)
+    return step
+
+
+def torch_step(config, inputs):
+    import torch
+    import transformers
+    torch.manual_seed(0)
+    hf_config = transformers.BertConfig(
+        vocab_size=config.vocab_size, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads,
+        intermediate_size=config.intermediate_size, hidden_dropout_prob=DROPOUT,
+        attention_probs_dropout_prob=DROPOUT)
+    model = transformers.BertForPreTraining(hf_config).train()
+    decay = [p for n, p in model.named_parameters() if "LayerNorm" not in n and "bias" not in n]
+    no_decay = [p for n, p in model.named_parameters() if "LayerNorm" in n or "bias" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": WEIGHT_DECAY},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=LR, eps=1e-6)
+    batch = {"input_ids": torch.tensor(inputs["input_ids"], dtype=torch.long),
+             "attention_mask": torch.tensor(inputs["input_mask"], dtype=torch.long),
+             "token_type_ids": torch.tensor(inputs["segment_ids"], dtype=torch.long),
+             "labels": torch.tensor(hf_labels(inputs)),
+             "next_sentence_label": torch.tensor(inputs["next_sentence_labels"],
+                                                 dtype=torch.long)}
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        opt.step()
+        loss.item()
+    return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", default="mini")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--seq_len", type=int, default=128)
+    parser.add_argument("--predictions", type=int, default=20)
+    parser.add_argument("--vocab", type=int, default=30522)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", default="bertjax,hf_flax,torch")
+    args = parser.parse_args()
+
+    config = presets.preset(args.size, vocab_size=args.vocab)
+    inputs = make_inputs(args.batch, args.seq_len, args.predictions, args.vocab)
+    peak = metrics.measure_matmul_flops(size=2048, repeats=5)
+    flops = metrics.pretraining_flops_per_sequence(config, args.seq_len, args.predictions)
+    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
+    print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
+          f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
+          f"seq {args.seq_len}, predictions {args.predictions}; devices: "
+          f"{jax.devices()[0].device_kind} x1, {os.cpu_count()} CPUs")
+    print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s; model FLOPs per sequence "
+          f"(train, gathered MLM): {flops / 1e9:.2f} GFLOP")
+    builders = {"bertjax": bertjax_step, "hf_flax": hf_flax_step, "torch": torch_step}
+    names = {"bertjax": "bertjax", "hf_flax": "HF FlaxBertForPreTraining",
+             "torch": "HF BertForPreTraining (PyTorch)"}
+    rates = {}
+    for key in args.only.split(","):
+        seconds = time_steps(builders[key](config, inputs), args.warmup, args.steps,
+                             args.repeats)
+        rates[key] = args.batch / seconds
+        print(f"{names[key]:34s} {rates[key]:8.1f} seq/s  ({1e3 * seconds:7.1f} ms/step, "
+              f"MFU {100 * rates[key] * flops / peak:5.1f}%)", flush=True)
+    if "bertjax" in rates:
+        for key in rates:
+            if key != "bertjax":
+                print(f"bertjax / {names[key]}: {rates['bertjax'] / rates[key]:.2f}x")
+    print(f"best of {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps; "
+          "the machine may be shared with other work")
+
+
+if __name__ == "__main__":
+    main()

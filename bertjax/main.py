@@ -1,0 +1,147 @@
+"""`python -m bertjax.main --config=configs/base.py --workdir=DIR`: runs what `config.mode` says.
+
+  python -m bertjax.main --config=configs/tiny.py --workdir=/tmp/tiny \\
+      --config.data.shard_dir=/tmp/austen --config.optimizer.learning_rate=2e-4
+
+Config files are ml_collections files with `get_config()`, loaded locked: an override of a
+key that does not exist is an error.
+
+On several hosts every host runs the same command, and `jax.distributed.initialize()` joins
+them (the contract `launch/` relies on):
+  - with BERTJAX_COORDINATOR_ADDRESS (host:port of process 0), BERTJAX_NUM_PROCESSES and
+    BERTJAX_PROCESS_ID set, with those (Cloud Batch, or processes started by hand);
+  - on a Cloud TPU VM, or where JAX_COORDINATOR_ADDRESS, Slurm or Open MPI show several
+    processes, without arguments: JAX finds the other hosts itself;
+  - nowhere else: a single host skips it. `--distributed=on|off` forces the choice.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import importlib
+import importlib.util
+import os
+import sys
+
+from absl import app, flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, model.")
+_DISTRIBUTED = flags.DEFINE_enum(
+    "distributed", "auto", ["auto", "on", "off"],
+    "jax.distributed.initialize(): 'auto' when the environment shows several processes or a "
+    "Cloud TPU VM, 'on' always, 'off' never.")
+
+# config.mode -> "module:function(config, workdir)"; imported only when chosen.
+MODES = {
+    "pretrain": "bertjax.training.pretrain:run",
+}
+
+# Variables that launchers of several processes set (value: more than one process).
+_CLUSTER_SIZE_VARS = ("SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+_ENV_ADDRESS, _ENV_COUNT, _ENV_ID = ("BERTJAX_COORDINATOR_ADDRESS", "BERTJAX_NUM_PROCESSES",
+                                     "BERTJAX_PROCESS_ID")
+
+
+def _on_cloud_tpu_vm() -> bool:
+    # JAX's own test: TPU device files, and libtpu installed.
+    devices = glob.glob("/dev/accel*") or glob.glob("/dev/vfio/[0-9]*")
+    return bool(devices) and importlib.util.find_spec("libtpu") is not None
+
+
+def _cluster_detected() -> bool:
+    if os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        return True
+    if any(int(os.environ.get(v, "1") or 1) > 1 for v in _CLUSTER_SIZE_VARS):
+        return True
+    return _on_cloud_tpu_vm()
+
+
+def _env_int(name: str) -> int:
+    value = os.environ.get(name, "")
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r}: expected an integer") from None
+
+
+def initialize_distributed(mode: str = "auto") -> None:
+    """Joins the processes of a multi-host run into one JAX runtime (before any JAX use)."""
+    import jax
+    if mode == "off":
+        return
+    if os.environ.get(_ENV_COUNT):
+        address = os.environ.get(_ENV_ADDRESS, "")
+        count, index = _env_int(_ENV_COUNT), _env_int(_ENV_ID)
+        if not address or count < 1 or not 0 <= index < count:
+            raise ValueError(f"{_ENV_COUNT}={count} needs {_ENV_ADDRESS}=host:port and "
+                             f"0 <= {_ENV_ID} < {count}; got {_ENV_ADDRESS}={address!r}, "
+                             f"{_ENV_ID}={index}")
+        # CPU processes exchange collectives over gloo; accelerators ignore this setting.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(coordinator_address=address, num_processes=count,
+                                   process_id=index)
+    elif mode == "on" or _cluster_detected():
+        jax.distributed.initialize()
+
+
+def _unknown_override(argv: list[str], config) -> str | None:
+    """Names the first --config.a.b override whose key the config lacks, with suggestions."""
+    for arg in argv[1:]:
+        if not arg.startswith("--config."):
+            continue
+        path = arg[len("--config."):].split("=", 1)[0]
+        node, done = config, []
+        for part in path.split("."):
+            if not hasattr(node, "keys"):
+                return f"--config.{path}: {'.'.join(done)} is a value, not a group of keys"
+            keys = list(node.keys())
+            if part not in keys:
+                where = ".".join(done) or "the config"
+                close = difflib.get_close_matches(part, keys, n=3)
+                hint = (f"did you mean {', '.join(close)}?" if close
+                        else f"{where} has: {', '.join(sorted(keys))}")
+                return (f"{arg.split('=', 1)[0]}: {where} has no key {part!r} (every key "
+                        f"must exist in the config file); {hint}")
+            node, done = node[part], done + [part]
+    return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's parsing, with a one-line error for an override of a key the config lacks."""
+    try:
+        return app.parse_flags_with_usage(argv)
+    except (AttributeError, KeyError):
+        config_args = [a.split("=", 1)[1] for a in argv if a.startswith("--config=")]
+        if not config_args:
+            raise
+        config = flags.FLAGS["config"].parser.parse(config_args[-1])
+        message = _unknown_override(argv, config)
+        if message is None:
+            raise
+        sys.exit(f"bertjax.main: error: {message}")
+
+
+def run_mode(config, workdir: str) -> None:
+    if config.mode not in MODES:
+        raise ValueError(f"config.mode {config.mode!r}: expected one of {', '.join(MODES)}")
+    module, function = MODES[config.mode].split(":")
+    getattr(importlib.import_module(module), function)(config, workdir)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    try:
+        initialize_distributed(_DISTRIBUTED.value)
+        run_mode(_CONFIG.value, _WORKDIR.value)
+    except (ValueError, FileNotFoundError, FloatingPointError) as e:
+        sys.exit(f"bertjax.main: error: {e}")
+
+
+if __name__ == "__main__":
+    flags.mark_flags_as_required(["config", "workdir"])
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,107 @@
+"""`python -m bertjax.predict TASK`: predictions from a trained model.
+
+  python -m bertjax.predict fill-mask --checkpoint=/tmp/bertjax-demo/run/model \\
+      --text="It is a truth universally [MASK] that a single man in possession of a good \\
+fortune must be in want of a wife."
+
+fill-mask prints the `--top_k` most likely tokens, with probabilities, for every [MASK] of
+every `--text`. `--checkpoint` is a model directory (what pretraining exports as
+WORKDIR/model, or what `python -m bertjax.convert` writes) or a pretraining workdir.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from absl import app, flags
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
+_TEXT = flags.DEFINE_multi_string("text", [], "Text with one or more [MASK]; repeatable.")
+_TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions shown per [MASK].")
+
+MASK = "[MASK]"
+
+
+def model_directory(path: str) -> str:
+    """A pretraining workdir stands for the model it exported."""
+    exported = os.path.join(path, "model")
+    if not os.path.exists(os.path.join(path, "config.json")) and os.path.isdir(exported):
+        return exported
+    return path
+
+
+def encode_masked(tokenizer, text: str, max_length: int) -> tuple[list[int], list[int]]:
+    """[CLS] text [SEP] with every literal [MASK] as the mask token; (ids, mask positions)."""
+    pieces = text.split(MASK)
+    if len(pieces) < 2:
+        raise ValueError(f"--text {text!r} has no {MASK} to fill")
+    ids = [tokenizer.cls_id]
+    positions = []
+    for i, piece in enumerate(pieces):
+        if i:
+            positions.append(len(ids))
+            ids.append(tokenizer.mask_id)
+        ids += tokenizer.encode(piece) if piece.strip() else []
+    ids.append(tokenizer.sep_id)
+    if len(ids) > max_length:
+        raise ValueError(f"--text {text[:40]!r}... is {len(ids)} tokens with [CLS] and [SEP]; "
+                         f"the model takes at most {max_length}")
+    return ids, positions
+
+
+def fill_mask(directory: str, texts: list[str], top_k: int) -> list[list[list[tuple[str, float]]]]:
+    """For each text, for each [MASK]: the top_k (token, probability) pairs."""
+    import jax
+    import numpy as np
+
+    from bertjax.data.tokenizers import load_tokenizer
+    from bertjax.models.heads import BertForPreTraining
+    from bertjax.training import checkpoints
+
+    directory = model_directory(directory)
+    config, params = checkpoints.load_model(directory)
+    tokenizer = load_tokenizer(directory)
+    model = BertForPreTraining(config)
+    apply = jax.jit(lambda p, *args: model.apply({"params": p}, *args, deterministic=True))
+    results = []
+    for text in texts:
+        ids, positions = encode_masked(tokenizer, text, config.max_position_embeddings)
+        ids_BL = np.asarray([ids], np.int32)
+        out = apply(params, ids_BL, np.ones_like(ids_BL), np.zeros_like(ids_BL),
+                    np.asarray([positions], np.int32))
+        probs_PV = np.asarray(jax.nn.softmax(out["mlm_logits"][0], axis=-1))
+        results.append([
+            [(tokenizer.decode([int(t)]).strip() or tokenizer.id_to_token(int(t)),
+              float(probs_V[t])) for t in np.argsort(-probs_V)[:top_k]]
+            for probs_V in probs_PV])
+    return results
+
+
+def fill_mask_main() -> None:
+    if not _CHECKPOINT.value or not _TEXT.value:
+        raise app.UsageError("fill-mask needs --checkpoint and at least one --text")
+    for text, masks in zip(_TEXT.value, fill_mask(_CHECKPOINT.value, _TEXT.value,
+                                                   _TOP_K.value)):
+        print(text)
+        for i, candidates in enumerate(masks, 1):
+            shown = ", ".join(f"{token} {p:.3f}" for token, p in candidates)
+            print(f"  [MASK] {i}: {shown}" if len(masks) > 1 else f"  [MASK]: {shown}")
+
+
+# Task name -> function; fine-tuned tasks are added here.
+TASKS = {"fill-mask": fill_mask_main}
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) != 2 or argv[1] not in TASKS:
+        raise app.UsageError(f"usage: python -m bertjax.predict TASK [flags]; TASK is one of "
+                             f"{', '.join(TASKS)}")
+    try:
+        TASKS[argv[1]]()
+    except (ValueError, FileNotFoundError) as e:
+        sys.exit(f"bertjax.predict: error: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,219 @@
+"""Where training metrics go: metrics.jsonl, TensorBoard events and a console progress line.
+
+TensorBoard events are written with TensorFlow's own summary ops (`tf.summary.write` with the
+scalars-plugin metadata), which TensorFlow ships without the `tensorboard` package: TF is
+already here for the input pipeline, so this adds no dependency, and the files are the ones
+`tf.summary.scalar` would write. TF is kept off the accelerators (`hide_accelerators_from_tf`)
+so it never takes memory that JAX needs. Only process 0 writes.
+
+Model-FLOPs utilisation (MFU) compares the model's matmul FLOPs per second with the devices'
+peak: a table of dense bf16 peaks for known accelerators, or, on CPU and unknown devices, a
+measured large f32 matmul.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import uuid
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from etils import epath
+
+from bertjax.models.bert import BertConfig
+
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+
+# Dense bf16 peak FLOP/s per chip, from the vendors' data sheets (device_kind prefixes).
+PEAK_FLOPS = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA H100": 989e12,
+    "NVIDIA H200": 989e12,
+    "NVIDIA A100": 312e12,
+}
+
+
+def hide_accelerators_from_tf() -> None:
+    """Keeps TensorFlow on the CPU; harmless once TF has already picked its devices."""
+    import tensorflow as tf
+    try:
+        tf.config.set_visible_devices([], "GPU")
+    except RuntimeError:
+        pass
+
+
+def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
+    """Matmul FLOPs to train on one sequence (forward + backward = 3x forward).
+
+    Counts the encoder's projections and attention scores, the pooler and NSP head, and the
+    MLM head at the `predictions` gathered positions only (which is all the model computes).
+    """
+    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
+    per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
+    encoder = config.num_hidden_layers * seq_len * per_token_layer
+    mlm = predictions * 2 * (d * d + d * v)
+    pooler_nsp = 2 * (d * d + 2 * d)
+    return 3.0 * (encoder + mlm + pooler_nsp)
+
+
+def measure_matmul_flops(size: int = 2048, repeats: int = 5) -> float:
+    """Best-of FLOP/s of a [size, size] f32 matmul on the default device."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(x).block_until_ready()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best
+
+
+def peak_flops(devices, per_device: float = 0.0) -> float:
+    """Peak FLOP/s of the run's devices: `per_device` if given, else the table, else (CPU,
+    unknown devices) a measured matmul, counted once per host since host devices share the
+    same cores."""
+    if per_device > 0:
+        return per_device * len(devices)
+    kind = devices[0].device_kind
+    for prefix, flops in PEAK_FLOPS.items():
+        if kind.startswith(prefix):
+            return flops * len(devices)
+    return measure_matmul_flops() * jax.process_count()
+
+
+def format_duration(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
+
+
+def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}",
+             f"mlm_acc {m['mlm_accuracy']:.3f}"]
+    if "nsp_accuracy" in m:
+        parts.append(f"nsp_acc {m['nsp_accuracy']:.3f}")
+    if "seq_per_sec" in m:
+        parts += [f"{m['seq_per_sec']:.1f} seq/s", f"MFU {100 * m['mfu']:.1f}%"]
+    parts.append(f"ETA {format_duration(eta_s)}")
+    return " | ".join(parts)
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path
+
+
+def write_text_atomic(path: epath.Path, text: str) -> None:
+    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def truncate_jsonl(workdir: str, last_step: int) -> None:
+    """Drops records after `last_step` (from a run that was interrupted after its last
+    checkpoint), so a resumed run's file reads like an uninterrupted one. Atomic rewrite."""
+    path = epath.Path(workdir) / METRICS_FILE
+    if jax.process_index() != 0 or not path.exists():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= last_step]
+    write_text_atomic(path, "".join(line + "\n" for line in kept))
+
+
+class _Jsonl:
+    """Appends lines to a local file; object stores (gs://) cannot append, so there the whole
+    file is rewritten, at most every `remote_flush_s` seconds and on close."""
+
+    def __init__(self, path: epath.Path, remote_flush_s: float = 60.0):
+        self.path, self.remote = path, _is_remote(str(path))
+        self.remote_flush_s, self._flushed = remote_flush_s, 0.0
+        if self.remote:
+            self._lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+        else:
+            self._file = open(path, "a")
+
+    def write(self, line: str) -> None:
+        if not self.remote:
+            self._file.write(line + "\n")
+            self._file.flush()
+            return
+        self._lines.append(line + "\n")
+        if time.monotonic() - self._flushed > self.remote_flush_s:
+            self._flush_remote()
+
+    def _flush_remote(self) -> None:
+        write_text_atomic(self.path, "".join(self._lines))
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if self.remote:
+            self._flush_remote()
+        else:
+            self._file.close()
+
+
+class MetricWriter:
+    """Appends one JSON object per call to DIR/metrics.jsonl and the same scalars to
+    TensorBoard under DIR/tensorboard. A no-op on processes other than 0."""
+
+    def __init__(self, workdir: str):
+        self.enabled = jax.process_index() == 0
+        if not self.enabled:
+            return
+        hide_accelerators_from_tf()
+        import tensorflow as tf
+        from tensorflow.core.framework import summary_pb2
+        self._tf = tf
+        self._metadata = summary_pb2.SummaryMetadata(
+            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
+            data_class=summary_pb2.DATA_CLASS_SCALAR)
+        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        self._jsonl = _Jsonl(epath.Path(workdir) / METRICS_FILE)
+        self._summary = tf.summary.create_file_writer(os.path.join(workdir, TENSORBOARD_DIR))
+
+    def write(self, step: int, scalars: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
+        self._jsonl.write(json.dumps(record))
+        with self._summary.as_default():
+            for name, value in scalars.items():
+                self._tf.summary.write(name, self._tf.constant(float(value)), step=int(step),
+                                       metadata=self._metadata)
+        self._summary.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._summary.close()
+
+
+class Console:
+    """Progress lines and messages on stdout, unless quiet."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet or jax.process_index() != 0
+
+    def print(self, message: str) -> None:
+        if not self.quiet:
+            print(message, file=sys.stdout, flush=True)
+
+
+def mean_metrics(history: list[dict[str, np.ndarray]]) -> dict[str, float]:
+    """Per-step metrics averaged over a logging interval."""
+    return {k: float(np.mean([h[k] for h in history])) for k in history[0]}

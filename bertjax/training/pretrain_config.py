@@ -1,0 +1,112 @@
+"""Every key of a pretraining config, with its default: the files in configs/ start from here.
+
+Defaults are the original BERT recipe (phase 1 of BERT-base). A key that is 0 or '' where a
+value is derived says so in its comment. The loader (`config_flags`, `lock_config=True`)
+rejects keys that are not listed here, so code reads `config.x.y` and never guesses.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+# Logical parameter axis -> mesh axes. 'batch' is the first axis of every input array.
+DEFAULT_RULES = (
+    ("batch", ("data", "fsdp")),
+    ("vocab", "tensor"),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv", None),
+    ("mlp", "tensor"),
+)
+
+
+def defaults() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.mode = "pretrain"
+    config.seed = 0
+    # A model directory (converted or exported) or another pretraining workdir: the run starts
+    # from its parameters with a fresh optimizer (continued pretraining, phase 2). Ignored when
+    # the workdir already has a checkpoint: the run then resumes from that.
+    config.init_checkpoint = ""
+    config.quiet = False  # no progress lines on the console
+
+    config.model = ml_collections.ConfigDict()
+    config.model.size = "base"  # a preset of bertjax.models.presets
+    config.model.vocab_size = 0  # 0: the tokenizer's vocabulary size
+    # 0: the preset's value.
+    config.model.num_hidden_layers = 0
+    config.model.hidden_size = 0
+    config.model.num_attention_heads = 0
+    config.model.intermediate_size = 0
+    config.model.hidden_act = "gelu"
+    config.model.max_position_embeddings = 512
+    config.model.hidden_dropout_prob = 0.1
+    config.model.attention_probs_dropout_prob = 0.1
+    config.model.pre_layer_norm = False
+    config.model.remat = False
+    config.model.dtype = "float32"  # compute dtype; parameters stay float32
+
+    config.data = ml_collections.ConfigDict()
+    config.data.shard_dir = ""  # output of `python -m bertjax.prepare`
+    # '' holds out `heldout_fraction` of shard_dir's documents for evaluation instead.
+    config.data.eval_shard_dir = ""
+    config.data.heldout_fraction = 0.01
+    config.data.max_seq_length = 128
+    config.data.max_predictions_per_seq = 20
+    config.data.mask_rate = 0.15
+    config.data.mask_prob = 0.8  # of the chosen positions: [MASK]
+    config.data.random_prob = 0.1  # random token; the rest stay unchanged
+    config.data.short_seq_prob = 0.1
+    config.data.nsp = True
+    config.data.whole_word_masking = False
+    config.data.shuffle_documents = 1024
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
+    config.optimizer.schedule = "bert"  # bert | warmup_linear
+    config.optimizer.learning_rate = 1e-4
+    config.optimizer.warmup_steps = 10_000
+    config.optimizer.weight_decay = 0.01
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.clip_norm = 1.0  # 0: no clipping
+    # Micro-batches per step (global_batch_size / this at a time), one update per step.
+    config.optimizer.grad_accum_steps = 1
+
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 fills from the devices
+    config.mesh.rules = DEFAULT_RULES
+
+    config.train = ml_collections.ConfigDict()
+    config.train.global_batch_size = 256
+    config.train.num_steps = 1_000_000
+    config.train.log_every = 100
+    config.train.eval_every = 10_000  # 0: no evaluation during training
+    config.train.eval_batches = 20
+    config.train.checkpoint_every = 10_000
+    config.train.keep_checkpoints = 3
+    config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
+    return config
+
+
+# The original two phases: (max_seq_length, max_predictions_per_seq, num_steps).
+PHASES = {
+    "phase1": (128, 20, 900_000),
+    "phase2": (512, 80, 100_000),
+}
+
+
+def original_recipe(size: str, phase: str) -> ml_collections.ConfigDict:
+    """The paper's recipe for a model size: 90% of the steps at length 128, then 10% at 512
+    (phase 2 starts from phase 1's parameters via init_checkpoint, with a fresh optimizer)."""
+    if phase not in PHASES:
+        raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
+    config = defaults()
+    config.model.size = size
+    seq_len, predictions, steps = PHASES[phase]
+    config.data.max_seq_length = seq_len
+    config.data.max_predictions_per_seq = predictions
+    config.train.num_steps = steps
+    config.train.global_batch_size = 256
+    return config

@@ -1,0 +1,122 @@
+"""`python -m bertjax.main`: configs, config errors, the multi-host contract (two processes
+on localhost train exactly like one)."""
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pretrain_helpers as ph
+from bertjax import main
+from bertjax.training import pretrain, pretrain_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def flat_keys(config, prefix=""):
+    keys = set()
+    for k, v in config.items():
+        keys |= flat_keys(v, f"{prefix}{k}.") if hasattr(v, "items") else {prefix + k}
+    return keys
+
+
+def load(spec):
+    path, _, arg = spec.partition(":")
+    spec = importlib.util.spec_from_file_location("config", os.path.join(ROOT, path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, module.get_config(*([arg] if arg else []))
+
+
+@pytest.mark.parametrize("name", ["tiny", "base", "large"])
+def test_configs_have_every_key_and_say_how_to_run_them(name):
+    module, config = load(f"configs/{name}.py")
+    assert flat_keys(config) == flat_keys(pretrain_config.defaults())
+    assert f"python -m bertjax.main --config=configs/{name}.py --workdir=" in module.__doc__
+
+
+def test_base_and_large_follow_the_two_phase_recipe():
+    for name in ("base", "large"):
+        _, one = load(f"configs/{name}.py")
+        _, two = load(f"configs/{name}.py:phase2")
+        assert (one.data.max_seq_length, one.data.max_predictions_per_seq) == (128, 20)
+        assert (two.data.max_seq_length, two.data.max_predictions_per_seq) == (512, 80)
+        assert one.train.num_steps == 9 * two.train.num_steps  # 90% / 10%
+        assert (one.optimizer.name, one.optimizer.learning_rate, one.optimizer.eps,
+                one.optimizer.weight_decay, one.optimizer.warmup_steps,
+                one.optimizer.clip_norm) == ("bert_adamw", 1e-4, 1e-6, 0.01, 10_000, 1.0)
+    with pytest.raises(ValueError, match="phase 'phase3': expected one of phase1, phase2"):
+        load("configs/base.py:phase3")
+
+
+def run_main(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "bertjax.main", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ROOT, **(env or {})})
+
+
+def test_unknown_config_key_is_one_clear_line(tmp_path):
+    done = run_main("--config=configs/tiny.py", f"--workdir={tmp_path}",
+                    "--config.train.num_step=10")
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "bertjax.main: error: --config.train.num_step: train has no key 'num_step' (every key "
+        "must exist in the config file); did you mean num_steps?")
+    assert "Traceback" not in done.stderr
+
+
+def test_unknown_mode_and_bad_distributed_environment_are_named(monkeypatch):
+    config = pretrain_config.defaults()
+    config.mode = "pretrian"
+    with pytest.raises(ValueError, match="config.mode 'pretrian': expected one of pretrain"):
+        main.run_mode(config, "/unused")
+    monkeypatch.setenv("BERTJAX_NUM_PROCESSES", "2")
+    monkeypatch.setenv("BERTJAX_PROCESS_ID", "2")
+    monkeypatch.setenv("BERTJAX_COORDINATOR_ADDRESS", "127.0.0.1:1")
+    with pytest.raises(ValueError, match="0 <= BERTJAX_PROCESS_ID < 2; got .*BERTJAX_PROCESS_ID=2"):
+        main.initialize_distributed()
+    monkeypatch.setenv("BERTJAX_PROCESS_ID", "one")
+    with pytest.raises(ValueError, match="BERTJAX_PROCESS_ID='one': expected an integer"):
+        main.initialize_distributed()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def losses(workdir):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        return [(r["step"], r.get("loss"), r.get("eval_mlm_loss"))
+                for r in map(json.loads, f)]
+
+
+def test_two_processes_train_exactly_like_one(tmp_path):
+    port = free_port()
+    workers = [subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "tests", "multiprocess_driver.py"),
+         str(tmp_path / "two")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/tests",
+                        "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
+                        "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                        "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i)})
+        for i in range(2)]
+    outputs = [w.communicate(timeout=300)[0] for w in workers]
+    assert [w.returncode for w in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+
+    # One process, all 8 devices: only the order of reductions differs (as between meshes).
+    config = ph.multiprocess_config(mesh_shape=(8, 1, 1))
+    pretrain.train(config, str(tmp_path / "one"), ph.synthetic_data(config))
+    one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert [s for s, _, _ in two] == [1, 2, 3, 3, 4, 5, 6, 6]  # train and eval records
+    np.testing.assert_allclose(np.array([r[1:] for r in two], float),
+                               np.array([r[1:] for r in one], float), rtol=2e-6)
+    # Both processes wrote their shards of one checkpoint; the exported model is complete.
+    assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["4", "6"]
+    assert os.path.exists(tmp_path / "two" / "model" / "config.json")
