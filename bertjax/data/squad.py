@@ -68,7 +68,7 @@ def read_squad(path: str) -> list[SquadExample]:
             for paragraph in article["paragraphs"]:
                 context = paragraph["context"]
                 for qa in paragraph["qas"]:
-                    answers = qa["answers"]
+                    answers = qa.get("answers", [])  # absent in files to predict
                     examples.append(_example(
                         qa["id"], qa["question"], context, [a["text"] for a in answers],
                         [a["answer_start"] for a in answers],

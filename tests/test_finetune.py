@@ -1,0 +1,168 @@
+"""The fine-tuning loop's mechanics on a tiny random BERT: what a run leaves behind, exact
+resume after preemption, sharded = single-device, starting from a pretraining workdir, the
+head learning-rate multiplier, and clear errors."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.training import checkpoints, finetune, pretrain, pretrain_config
+from bertjax.training.task_predict import TaskPredictor
+from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
+                              tiny_pretraining_params)
+from task_data import wordpiece
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_model_dir(str(tmp_path_factory.mktemp("tiny") / "model"))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return classification_files(str(tmp_path_factory.mktemp("data")))
+
+
+def _config(tiny_dir, files, **task):
+    return tiny_config(tiny_dir, **{"train_file": files["train"], "eval_files": files["dev"],
+                                    **task})
+
+
+@pytest.fixture(scope="module")
+def straight_run(tmp_path_factory, tiny_dir, files):
+    """Two epochs without interruption, with a file to predict."""
+    workdir = tmp_path_factory.mktemp("straight")
+    config = _config(tiny_dir, files, predict_files=files["test"])
+    return workdir, finetune.finetune(config, str(workdir), jax.devices()[:1])
+
+
+def test_run_leaves_results_predictions_and_a_usable_model(straight_run, files):
+    tmp_path, out = straight_run
+    assert out["step"] == 8  # 64 examples / batch 16 x 2 epochs
+
+    results = json.loads((tmp_path / "eval_results.json").read_text())
+    dev = results["sets"]["dev"]
+    assert [dev["final"]["step"], results["best_metric"]] == [8, "accuracy"]
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if "eval_dev_accuracy" in r]
+    assert [r["step"] for r in evals] == [4, 8]
+    assert dev["best"]["metrics"]["accuracy"] == max(r["eval_dev_accuracy"] for r in evals)
+    assert [r["step"] for r in records if "loss" in r] == [2, 4, 6, 8]
+    assert "best_dev_accuracy" in records[-1] and "final_dev_mcc" in records[-1]
+
+    predictions = [json.loads(l) for l in (tmp_path / "predictions/dev.jsonl").read_text()
+                   .splitlines()]
+    assert len(predictions) == 20 and {"label", "prediction", "probability"} <= set(predictions[0])
+    accuracy = np.mean([p["label"] == p["prediction"] for p in predictions])
+    assert accuracy == pytest.approx(dev["final"]["metrics"]["accuracy"])
+    assert sum(predictions[0]["probabilities"].values()) == pytest.approx(1.0, abs=1e-5)
+    test = (tmp_path / "predictions/test.jsonl").read_text().splitlines()
+    assert len(test) == 20 and "label" not in json.loads(test[0])
+
+    # The exported model predicts what the run predicted.
+    predictor = TaskPredictor(str(tmp_path / "model"))
+    examples = predictor.examples_from_file(files["dev"])
+    again = predictor.predict(examples)
+    assert [p["prediction"] for p in again] == [p["prediction"] for p in predictions]
+    np.testing.assert_allclose([p["probability"] for p in again],
+                               [p["probability"] for p in predictions], atol=1e-5)
+
+
+def test_resume_after_preemption_is_exact(tmp_path, tiny_dir, files, straight_run,
+                                         monkeypatch):
+    straight = straight_run[1]
+    config = _config(tiny_dir, files)
+
+    def preempt_at_3(self, step):
+        return step == 3
+
+    with monkeypatch.context() as m:
+        m.setattr(checkpoints.RunCheckpoints, "preemption_requested", preempt_at_3)
+        first = finetune.finetune(config, str(tmp_path / "resumed"), jax.devices()[:1])
+    assert first["preempted"] and first["step"] == 3
+    assert not (tmp_path / "resumed/eval_results.json").exists()
+    second = finetune.finetune(config, str(tmp_path / "resumed"), jax.devices()[:1])
+    assert second["step"] == 8 and not second["preempted"]
+    for a, b in zip(jax.tree.leaves(straight["params"]), jax.tree.leaves(second["params"])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert second["results"] == straight["results"]
+
+
+def test_sharded_run_matches_single_device(tmp_path, tiny_dir, files, straight_run):
+    single = straight_run[1]
+    config = _config(tiny_dir, files)
+    config.mesh.shape = (4, 2, 1)
+    sharded = finetune.finetune(config, str(tmp_path / "eight"), jax.devices()[:8])
+    for a, b in zip(jax.tree.leaves(single["params"]), jax.tree.leaves(sharded["params"])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-6)
+    assert sharded["results"]["dev"]["final"]["metrics"]["accuracy"] == pytest.approx(
+        single["results"]["dev"]["final"]["metrics"]["accuracy"])
+
+
+def test_encoder_from_a_pretraining_workdir_and_truncated(tmp_path):
+    params = tiny_pretraining_params(seed=3)
+    shard_dir = tmp_path / "shards"
+    shard_dir.mkdir()
+    wordpiece().save(str(shard_dir))
+    run = pretrain_config.defaults()
+    run.model.size = "tiny"
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings"):
+        run.model[key] = getattr(TINY, key)
+    run.data.shard_dir = str(shard_dir)
+    workdir = tmp_path / "pretrain"
+    workdir.mkdir()
+    (workdir / pretrain.RUN_CONFIG).write_text(run.to_json_best_effort())
+    ckpt = checkpoints.RunCheckpoints(str(workdir), keep=1)
+    ckpt.save(7, params=params, opt_state={"x": np.zeros(2)},
+              progress={"step": np.int32(7), "rng": np.zeros(2, np.uint32)}, host={})
+    ckpt.close()
+
+    base, tokenizer_path = finetune.checkpoint_config(str(workdir))
+    assert base.to_dict() == TINY.to_dict() and tokenizer_path == str(shard_dir)
+    from bertjax.training import sharding
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    bert = finetune.load_encoder(str(workdir), base, 1, mesh, pretrain_config.DEFAULT_RULES)
+    assert sorted(bert["encoder"]) == ["layer_0"]
+    for a, b in zip(jax.tree.leaves(bert["encoder"]["layer_0"]),
+                    jax.tree.leaves(params["bert"]["encoder"]["layer_0"])):
+        np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_head_learning_rate_multiplier_scales_only_the_head():
+    config = tiny_config("")
+    params = {"bert": {"w": np.ones(3, np.float32)}, "classifier": {"w": np.ones(3, np.float32)}}
+    grads = {"bert": {"w": np.array([1.0, -2.0, 3.0], np.float32)},
+             "classifier": {"w": np.array([1.0, -2.0, 3.0], np.float32)}}
+    updates = {}
+    for multiplier in (1.0, 10.0):
+        config.optimizer.head_lr_multiplier = multiplier
+        tx, _ = finetune.make_optimizer(config.optimizer, 100)
+        updates[multiplier], _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates[10.0]["bert"]["w"], updates[1.0]["bert"]["w"])
+    np.testing.assert_allclose(updates[10.0]["classifier"]["w"],
+                               10 * np.asarray(updates[1.0]["classifier"]["w"]), rtol=1e-6)
+
+
+def test_clear_errors(tmp_path, tiny_dir, files):
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("sentence\tlabel\nsome words here\tmedium\n")
+    with pytest.raises(ValueError, match=r"dev.tsv:2: label 'medium' does not occur in the "
+                                         r"training data"):
+        finetune.finetune(_config(tiny_dir, files, eval_files=str(dev)), str(tmp_path / "a"))
+    with pytest.raises(ValueError, match=r"train.tsv: no column 'text'; it has columns "
+                                         r"\['sentence', 'label'\]"):
+        finetune.finetune(_config(tiny_dir, files, text_columns="text"), str(tmp_path / "b"))
+    with pytest.raises(ValueError, match="init_checkpoint is empty"):
+        finetune.finetune(_config("", files), str(tmp_path / "c"))
+    config = _config(tiny_dir, files)
+    config.train.global_batch_size = 128
+    with pytest.raises(ValueError, match="the training set has 64 features, fewer than "
+                                         "train.global_batch_size 128"):
+        finetune.finetune(config, str(tmp_path / "d"))
+    config = _config(tiny_dir, files)
+    config.model.num_hidden_layers = 5
+    with pytest.raises(ValueError, match="model.num_hidden_layers 5: the checkpoint has 2"):
+        finetune.finetune(config, str(tmp_path / "e"))
