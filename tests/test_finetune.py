@@ -3,6 +3,8 @@ resume after preemption, sharded = single-device, starting from a pretraining wo
 head learning-rate multiplier, and clear errors."""
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -13,6 +15,8 @@ from bertjax.training.task_predict import TaskPredictor
 from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
                               tiny_pretraining_params)
 from task_data import wordpiece
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +170,55 @@ def test_clear_errors(tmp_path, tiny_dir, files):
     config.model.num_hidden_layers = 5
     with pytest.raises(ValueError, match="model.num_hidden_layers 5: the checkpoint has 2"):
         finetune.finetune(config, str(tmp_path / "e"))
+
+
+@pytest.mark.parametrize("name", ["classify", "pair", "tag", "squad"])
+def test_finetune_configs_have_every_key_and_their_command(name):
+    import importlib.util
+    from bertjax.training import finetune_config
+    path = os.path.join(ROOT, "configs", "finetune", f"{name}.py")
+    spec = importlib.util.spec_from_file_location("config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    assert _keys(config) == _keys(finetune_config.defaults())
+    assert config.mode == "finetune"
+    assert (f"python -m bertjax.main --config=configs/finetune/{name}.py --workdir="
+            in module.__doc__)
+
+
+def _keys(config, prefix=""):
+    keys = set()
+    for k, v in config.items():
+        keys |= _keys(v, f"{prefix}{k}.") if hasattr(v, "items") else {prefix + k}
+    return keys
+
+
+def test_command_line_fine_tunes_and_predicts(tmp_path, tiny_dir, files):
+    workdir = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    run = subprocess.run(
+        [sys.executable, "-m", "bertjax.main", "--config=configs/finetune/classify.py",
+         f"--workdir={workdir}", f"--config.init_checkpoint={tiny_dir}",
+         f"--config.task.train_file={files['train']}", f"--config.task.eval_files={files['dev']}",
+         "--config.task.max_seq_length=16", "--config.train.global_batch_size=16",
+         "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
+         "--config.mesh.shape=(1,1,-1)"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "eval dev at step 4 (epoch 1): accuracy" in run.stdout
+    assert json.loads((workdir / "eval_results.json").read_text())["sets"]["dev"]["final"]
+
+    predict = subprocess.run(
+        [sys.executable, "-m", "bertjax.predict", "classify", f"--checkpoint={workdir}",
+         "--text=It was a truth universally acknowledged.", "--text=Emma smiled."],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert predict.returncode == 0, predict.stderr[-3000:]
+    lines = predict.stdout.strip().splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] in ("long", "short")
+    assert 0.5 <= float(lines[1].split()[1]) <= 1.0
+    wrong = subprocess.run(
+        [sys.executable, "-m", "bertjax.predict", "qa", f"--checkpoint={workdir}", "--text=Who?"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0
+    assert "is a classification model: use `python -m bertjax.predict classify`" in wrong.stderr
