@@ -1,6 +1,7 @@
 """The fine-tuning loop's mechanics on a tiny random BERT: what a run leaves behind, exact
 resume after preemption, sharded = single-device, starting from a pretraining workdir, the
 head learning-rate multiplier, and clear errors."""
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import jax
 import numpy as np
 import pytest
 
+import real_data
 from bertjax.training import checkpoints, finetune, pretrain, pretrain_config
 from bertjax.training.task_predict import TaskPredictor
 from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
@@ -170,6 +172,38 @@ def test_clear_errors(tmp_path, tiny_dir, files):
     config.model.num_hidden_layers = 5
     with pytest.raises(ValueError, match="model.num_hidden_layers 5: the checkpoint has 2"):
         finetune.finetune(config, str(tmp_path / "e"))
+    with pytest.raises(ValueError, match="task.best_metric 'loss': for classification expected "
+                                         "one of accuracy, macro_f1, mcc, f1"):
+        finetune.finetune(_config(tiny_dir, files, best_metric="loss"), str(tmp_path / "f"))
+
+
+def test_squad_v2_run_reports_no_answer_scores_and_official_answers(tmp_path, tiny_dir):
+    examples = real_data.austen_questions()[:48]
+    answerable = [dataclasses.asdict(e) for e in examples]
+    unanswerable = [{**e, "qid": "no" + e["qid"], "question": real_data.WHERE, "answers": [],
+                     "answer_start": -1, "answer_text": "", "is_impossible": True}
+                    for e in answerable if e["question"] == real_data.WHO][:16]
+    qas = answerable + unanswerable
+    data = {"version": "v2.0", "data": [{"title": q["qid"], "paragraphs": [{
+        "context": q["context"], "qas": [{
+            "id": q["qid"], "question": q["question"], "is_impossible": q["is_impossible"],
+            "answers": ([{"text": q["answer_text"], "answer_start": q["answer_start"]}]
+                        if not q["is_impossible"] else [])}]}]} for q in qas]}
+    path = tmp_path / "qa.json"
+    path.write_text(json.dumps(data))
+    config = tiny_config(tiny_dir, type="squad", train_file=str(path), eval_files=str(path),
+                         version_2=True, max_seq_length=48, doc_stride=16, max_query_length=12)
+    config.train.num_epochs = 1.0
+    out = finetune.finetune(config, str(tmp_path / "run"), jax.devices()[:1])
+    metrics = out["results"]["qa"]["final"]["metrics"]
+    assert metrics["total"] == len(qas) and metrics["NoAns_total"] == len(unanswerable)
+    assert {"HasAns_f1", "best_f1", "best_f1_thresh"} <= set(metrics)
+    assert metrics["best_f1"] >= metrics["f1"] - 1e-9  # the threshold search can only help
+    answers = json.loads((tmp_path / "run/predictions/qa.answers.json").read_text())
+    assert set(answers) == {q["qid"] for q in qas}
+    records = [json.loads(l) for l in (tmp_path / "run/predictions/qa.jsonl").read_text()
+               .splitlines()]
+    assert all(r["prediction"] in ("", r["best_span"]) and "null_odds" in r for r in records)
 
 
 @pytest.mark.parametrize("name", ["classify", "pair", "tag", "squad"])

@@ -263,6 +263,9 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     """
     kind = task_types.task_type(config.task.type)
     best_metric = config.task.best_metric or kind.best_metric
+    if best_metric not in kind.higher_is_better:
+        raise ValueError(f"task.best_metric {best_metric!r}: for {config.task.type} expected one "
+                         f"of {', '.join(kind.higher_is_better)}")
     base, tokenizer_path = checkpoint_config(config.init_checkpoint, config.task.tokenizer)
     cfg = task_model_config(base, config.model)
     if config.task.max_seq_length > cfg.max_position_embeddings:

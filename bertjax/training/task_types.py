@@ -27,6 +27,7 @@ class TaskType:
     head: str  # the head's name in the parameter tree, beside 'bert'
     targets: tuple[str, ...]  # feature arrays the loss reads
     best_metric: str
+    higher_is_better: tuple[str, ...]  # what task.best_metric may name
 
     def evaluate(self, task, taskset, outputs, labels) -> tuple[dict, list[dict]]:
         """(metrics, or {} for an unlabelled set; one prediction record per example)."""
@@ -38,6 +39,7 @@ class Classification(TaskType):
     head = "classifier"
     targets = ("label",)
     best_metric = "accuracy"
+    higher_is_better = ("accuracy", "macro_f1", "mcc", "f1")
 
     def model(self, config: BertConfig, labels: LabelVocab | None):
         return BertForSequenceClassification(config, len(labels))
@@ -80,6 +82,7 @@ class Regression(TaskType):
     head = "classifier"
     targets = ("label",)
     best_metric = "pearson"
+    higher_is_better = ("pearson", "spearman")
 
     def model(self, config: BertConfig, labels):
         return BertForSequenceClassification(config, 1)
@@ -115,6 +118,7 @@ class Tagging(TaskType):
     head = "classifier"
     targets = ("label_ids",)
     best_metric = "f1"
+    higher_is_better = ("f1", "precision", "recall", "token_accuracy")
 
     def model(self, config: BertConfig, labels: LabelVocab):
         return BertForTokenClassification(config, len(labels))
@@ -159,6 +163,7 @@ class Squad(TaskType):
     head = "qa_outputs"
     targets = ("start_positions", "end_positions")
     best_metric = "f1"
+    higher_is_better = ("f1", "exact")
 
     def model(self, config: BertConfig, labels):
         return BertForQuestionAnswering(config)
