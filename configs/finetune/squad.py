@@ -1,7 +1,7 @@
 """Extractive question answering on SQuAD v1.1 (or v2.0 with --config.task.version_2=true),
-the original run_squad recipe: max_seq_length 384, doc_stride 128, max_query_length 64,
-lr 3e-5, batch 32, 2 epochs; answers by the n-best span search (n_best 20, max answer
-length 30).
+as the original run_squad: max_seq_length 384, doc_stride 128, max_query_length 64, lr 3e-5,
+2 epochs (batch 32 here; the original README used 12 on a GPU, 24 on a TPU); answers by the
+n-best span search (n_best 20, max answer length 30).
 
   python -m bertjax.main --config=configs/finetune/squad.py --workdir=/tmp/squad \\
       --config.init_checkpoint=/tmp/minilm \\
