@@ -1,7 +1,5 @@
 """Sentence and pair task inputs: TSV/CSV/JSONL reading (quoting, headers, clear errors),
 label vocabularies, features identical to transformers' BERT encoding, TFDS by name."""
-import json
-import logging
 import os
 
 import numpy as np
