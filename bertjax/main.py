@@ -24,7 +24,7 @@ import importlib.util
 import os
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -135,6 +135,9 @@ def run_mode(config, workdir: str) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        # Orbax logs every save at INFO; our progress lines say what matters.
+        logging.set_verbosity(logging.WARNING)
     try:
         initialize_distributed(_DISTRIBUTED.value)
         run_mode(_CONFIG.value, _WORKDIR.value)

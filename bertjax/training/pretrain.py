@@ -435,7 +435,7 @@ def input_data(config: Any) -> PretrainingData:
                   mask_rate=data.mask_rate, mask_prob=data.mask_prob,
                   random_prob=data.random_prob, whole_word_masking=data.whole_word_masking,
                   nsp=data.nsp, short_seq_prob=data.short_seq_prob,
-                  shuffle_documents=data.shuffle_documents,
+                  shuffle_tokens=data.shuffle_tokens,
                   process_index=jax.process_index(), process_count=jax.process_count())
     heldout = 0.0 if data.eval_shard_dir else data.heldout_fraction
 
