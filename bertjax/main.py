@@ -24,8 +24,11 @@ import importlib.util
 import os
 import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+# TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)

@@ -14,7 +14,10 @@ from __future__ import annotations
 import os
 import sys
 
-from absl import app, flags
+# TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string("text", [], "Text with one or more [MASK]; repeatable.")

@@ -2,7 +2,6 @@
 loss falls below what context-free guessing achieves, `python -m bertjax.main` stopped by
 SIGTERM resumes to exactly the uninterrupted run, and fill-mask reads the exported model."""
 
-import collections
 import importlib.util
 import json
 import os
@@ -11,11 +10,12 @@ import subprocess
 import sys
 import time
 
+import jax
 import numpy as np
 import pytest
 import tensorflow as tf
 
-import pretrain_helpers as ph  # noqa: F401  (the compilation cache)
+import pretrain_helpers as ph
 from bertjax import predict
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation, shards
@@ -103,7 +103,7 @@ def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, refer
                f"--workdir={workdir}", f"--config.data.shard_dir={austen}"]
     command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-           "JAX_NUM_CPU_DEVICES": str(len(__import__("jax").devices())),
+           "JAX_NUM_CPU_DEVICES": str(len(jax.devices())),
            "JAX_COMPILATION_CACHE_DIR": ph.COMPILATION_CACHE}
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
