@@ -17,7 +17,7 @@ import sys
 # TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string("text", [], "Text with one or more [MASK]; repeatable.")
@@ -100,6 +100,8 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[1] not in TASKS:
         raise app.UsageError(f"usage: python -m bertjax.predict TASK [flags]; TASK is one of "
                              f"{', '.join(TASKS)}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
     try:
         TASKS[argv[1]]()
     except (ValueError, FileNotFoundError) as e:

@@ -92,3 +92,20 @@ def test_checkpoints_of_another_model_size_fail_clearly(tmp_path):
     for source in ("run", "run/model"):
         loaded = checkpoints.load_initial_params(str(tmp_path / source), abstract)
         jax.tree.map(np.testing.assert_array_equal, loaded, out["state"].params)
+    # ... and a run started from them has a fresh step count and schedule but trained weights.
+    config.init_checkpoint = str(tmp_path / "run")
+    pretrain.train(config, str(tmp_path / "continued"), ph.synthetic_data(config))
+    first, continued = records(tmp_path / "run")[0], records(tmp_path / "continued")[0]
+    assert continued["step"] == 1 and continued["learning_rate"] == 0.0
+    assert continued["loss"] < first["loss"] - 0.05, (continued, first)
+
+
+def test_bfloat16_compute_keeps_float32_parameters(tmp_path):
+    results = {}
+    for dtype in ("float32", "bfloat16"):
+        config = ph.tiny_config()
+        config.model.dtype = dtype
+        out = pretrain.train(config, str(tmp_path / dtype), ph.synthetic_data(config))
+        results[dtype] = [r["loss"] for r in records(tmp_path / dtype)]
+        assert {x.dtype for x in jax.tree.leaves(out["state"].params)} == {np.dtype("float32")}
+    np.testing.assert_allclose(results["bfloat16"], results["float32"], rtol=0.02)

@@ -2,6 +2,8 @@
 loss falls below what context-free guessing achieves, `python -m bertjax.main` stopped by
 SIGTERM resumes to exactly the uninterrupted run, and fill-mask reads the exported model."""
 
+import collections
+import glob
 import importlib.util
 import json
 import os
@@ -14,6 +16,7 @@ import jax
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.util import event_pb2
 
 import pretrain_helpers as ph
 from bertjax import predict
@@ -94,6 +97,12 @@ def test_loss_falls_and_beats_context_free_guessing(austen, reference_run):
     assert final["eval_nsp_accuracy"] > 0.6, final  # half the pairs are random
     for key in ("mlm_accuracy", "nsp_loss", "learning_rate", "grad_norm", "seq_per_sec", "mfu"):
         assert np.isfinite(logged[-2][key]), key
+    # The same scalars as TensorBoard events.
+    (events,) = glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
+    tags = collections.Counter(
+        value.tag for record in tf.data.TFRecordDataset(events)
+        for value in event_pb2.Event.FromString(record.numpy()).summary.value)
+    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2 and tags["mfu"] == 9, tags
 
 
 def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, reference_run,
