@@ -24,8 +24,11 @@ import importlib.util
 import os
 import sys
 
-from absl import app, flags
-from ml_collections import config_flags
+# TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)
@@ -136,6 +139,9 @@ def run_mode(config, workdir: str) -> None:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if not flags.FLAGS["verbosity"].present:
+        # Orbax logs every save at INFO; our progress lines say what matters.
+        logging.set_verbosity(logging.WARNING)
     try:
         initialize_distributed(_DISTRIBUTED.value)
         run_mode(_CONFIG.value, _WORKDIR.value)

@@ -28,7 +28,10 @@ import json
 import os
 import sys
 
-from absl import app, flags
+# TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string(
@@ -165,6 +168,8 @@ def main(argv: list[str]) -> None:
     if len(argv) != 2 or argv[1] not in TASKS:
         raise app.UsageError(f"usage: python -m bertjax.predict TASK [flags]; TASK is one of "
                              f"{', '.join(TASKS)}")
+    if not flags.FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
     try:
         TASKS[argv[1]]()
     except (ValueError, FileNotFoundError) as e:

@@ -22,7 +22,6 @@ def get_config():
     config.data.max_seq_length = 128
     config.data.max_predictions_per_seq = 20
     config.data.heldout_fraction = 0.02
-    config.data.shuffle_documents = 256
     config.optimizer.name = "adamw"
     config.optimizer.schedule = "warmup_linear"
     config.optimizer.learning_rate = 2e-3

@@ -56,6 +56,10 @@ def check_same_shapes(expected, found, where: str) -> None:
                          f"architecture?): " + "; ".join(problems))
 
 
+def _tree_metadata(metadata) -> Any:
+    return getattr(metadata, "tree", metadata)
+
+
 def _path(path) -> epath.Path:
     """An absolute local path, or a remote one (gs://...) as it is."""
     path = str(path)
@@ -70,14 +74,18 @@ def save_params(path: str, params: Any) -> None:
 
 def restore_params(path: str, abstract_params: Any | None = None) -> Any:
     """Restores parameters; with `abstract_params` (ShapeDtypeStructs, optionally sharded)
-    they are checked against it and placed as it says."""
+    they are checked against it and placed as it says, without it they go to this process's
+    first device, whatever the topology they were saved from."""
     path = _path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no parameter checkpoint there")
     with ocp.StandardCheckpointer() as checkpointer:
-        if abstract_params is not None:
-            stored = checkpointer.metadata(path).item_metadata
-            check_same_shapes(abstract_params, stored, str(path))
+        stored = _tree_metadata(checkpointer.metadata(path).item_metadata)
+        if abstract_params is None:
+            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+            abstract_params = jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
+        check_same_shapes(abstract_params, stored, str(path))
         return checkpointer.restore(path, abstract_params)
 
 
@@ -139,10 +147,6 @@ def load_model(directory: str, abstract_params: Any | None = None, **config_over
 
 
 CHECKPOINTS_DIR = "checkpoints"
-
-
-def _tree_metadata(metadata) -> Any:
-    return getattr(metadata, "tree", metadata)
 
 
 def _item_handlers() -> dict:

@@ -214,6 +214,63 @@ class Console:
             print(message, file=sys.stdout, flush=True)
 
 
-def mean_metrics(history: list[dict[str, np.ndarray]]) -> dict[str, float]:
+def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
     """Per-step metrics averaged over a logging interval."""
     return {k: float(np.mean([h[k] for h in history])) for k in history[0]}
+
+
+class TrainingLog:
+    """Turns per-step device metrics into log records, console lines and divergence checks."""
+
+    def __init__(self, workdir: str, total_steps: int, log_every: int, seq_per_step: int,
+                 flops_per_step: float, peak_flops: float, quiet: bool, window: list):
+        self.writer = MetricWriter(workdir)
+        self.console = Console(quiet)
+        self.total_steps, self.log_every = total_steps, log_every
+        self.seq_per_step, self.flops_per_step, self.peak = seq_per_step, flops_per_step, peak_flops
+        self.window = window  # steps since the last log record; saved with checkpoints
+        self.last_good_checkpoint: int | None = None
+        self._clock: tuple[int, float] | None = None
+        self._rate: float | None = None
+
+    def restart_clock(self, step: int) -> None:
+        """Excludes what happened before now (compilation, eval, saving) from throughput."""
+        self._clock = (step, time.perf_counter())
+
+    def record(self, step: int, device_metrics: dict, checkpoint_dir: str) -> None:
+        host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        if not (np.isfinite(host["loss"]) and np.isfinite(host["grad_norm"])):
+            last = (f"the last good checkpoint is step {self.last_good_checkpoint} in "
+                    f"{checkpoint_dir}" if self.last_good_checkpoint is not None
+                    else "no checkpoint was saved")
+            raise FloatingPointError(
+                f"training diverged: loss {host['loss']}, grad_norm {host['grad_norm']} at "
+                f"step {step}; stopped without saving ({last}). Lower "
+                "optimizer.learning_rate, raise optimizer.warmup_steps or use float32.")
+        now = time.perf_counter()
+        if self._clock is not None and step > self._clock[0]:
+            self._rate = (step - self._clock[0]) / (now - self._clock[1])
+        if self._clock is None or step > self._clock[0]:
+            self._clock = (step, now)
+        self.window.append(host)
+        if step % self.log_every == 0 or step == self.total_steps:
+            self._log(step)
+
+    def _log(self, step: int) -> None:
+        record = mean_metrics(self.window)
+        self.window.clear()
+        eta = float("inf")
+        if self._rate:
+            record["seq_per_sec"] = self._rate * self.seq_per_step
+            record["mfu"] = self._rate * self.flops_per_step / self.peak
+            eta = (self.total_steps - step) / self._rate
+        self.writer.write(step, record)
+        self.console.print(progress_line(step, self.total_steps, record, eta))
+
+    def eval_record(self, step: int, record: dict) -> None:
+        self.writer.write(step, record)
+        self.console.print(f"eval at step {step}: " + " | ".join(
+            f"{k[5:]} {v:.4f}" for k, v in record.items()))
+
+    def close(self) -> None:
+        self.writer.close()

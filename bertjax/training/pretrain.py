@@ -12,9 +12,7 @@ non-finite loss.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import flax
@@ -200,61 +198,24 @@ def _check_train_config(train: Any) -> None:
         raise ValueError("train.eval_every and train.eval_batches must be >= 0")
 
 
-class _Logger:
-    """Turns per-step device metrics into log records, console lines and divergence checks."""
-
-    def __init__(self, workdir: str, total_steps: int, log_every: int, seq_per_step: int,
-                 flops_per_step: float, peak_flops: float, quiet: bool, window: list):
-        self.writer = metrics_lib.MetricWriter(workdir)
-        self.console = metrics_lib.Console(quiet)
-        self.total_steps, self.log_every = total_steps, log_every
-        self.seq_per_step, self.flops_per_step, self.peak = seq_per_step, flops_per_step, peak_flops
-        self.window = window  # steps since the last log record; saved with checkpoints
-        self.last_good_checkpoint: int | None = None
-        self._clock: tuple[int, float] | None = None
-        self._rate: float | None = None
-
-    def restart_clock(self, step: int) -> None:
-        """Excludes what happened before now (compilation, eval, saving) from throughput."""
-        self._clock = (step, time.perf_counter())
-
-    def record(self, step: int, device_metrics: dict, checkpoint_dir: str) -> None:
-        host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
-        if not (np.isfinite(host["loss"]) and np.isfinite(host["grad_norm"])):
-            last = (f"the last good checkpoint is step {self.last_good_checkpoint} in "
-                    f"{checkpoint_dir}" if self.last_good_checkpoint is not None
-                    else "no checkpoint was saved")
-            raise FloatingPointError(
-                f"training diverged: loss {host['loss']}, grad_norm {host['grad_norm']} at "
-                f"step {step}; stopped without saving ({last}). Lower "
-                "optimizer.learning_rate, raise optimizer.warmup_steps or use float32.")
-        now = time.perf_counter()
-        if self._clock is not None and step > self._clock[0]:
-            self._rate = (step - self._clock[0]) / (now - self._clock[1])
-        if self._clock is None or step > self._clock[0]:
-            self._clock = (step, now)
-        self.window.append(host)
-        if step % self.log_every == 0 or step == self.total_steps:
-            self._log(step)
-
-    def _log(self, step: int) -> None:
-        record = metrics_lib.mean_metrics(self.window)
-        self.window.clear()
-        eta = float("inf")
-        if self._rate:
-            record["seq_per_sec"] = self._rate * self.seq_per_step
-            record["mfu"] = self._rate * self.flops_per_step / self.peak
-            eta = (self.total_steps - step) / self._rate
-        self.writer.write(step, record)
-        self.console.print(metrics_lib.progress_line(step, self.total_steps, record, eta))
-
-    def eval_record(self, step: int, record: dict) -> None:
-        self.writer.write(step, record)
-        self.console.print(f"eval at step {step}: " + " | ".join(
-            f"{k[5:]} {v:.4f}" for k, v in record.items()))
-
-    def close(self) -> None:
-        self.writer.close()
+def _restore(ckpt: checkpoints.RunCheckpoints, step: int, abstract_params, tx, opt_sh, repl,
+             workdir: str):
+    """(state, dropout key, host state) of checkpoint `step`, placed as the run shards them."""
+    abstract_opt = _with_shardings(jax.eval_shape(tx.init, abstract_params), opt_sh)
+    restored = ckpt.restore(
+        step, abstract_params=abstract_params, abstract_opt_state=abstract_opt,
+        abstract_progress={"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
+                           "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)})
+    host_state = restored["host"]
+    if host_state["process_count"] != jax.process_count():
+        raise ValueError(
+            f"checkpoint step {step} in {ckpt.directory} was written by "
+            f"{host_state['process_count']} processes and this run has {jax.process_count()}: "
+            "each process's data position would not match. Resume with the same number of "
+            f"hosts, or start a new workdir with --config.init_checkpoint={workdir}")
+    metrics_lib.truncate_jsonl(workdir, step)
+    state = TrainState(restored["progress"]["step"], restored["params"], restored["opt_state"])
+    return state, restored["progress"]["rng"], host_state
 
 
 def train(config: Any, workdir: str, data: PretrainingData,
@@ -295,43 +256,26 @@ def train(config: Any, workdir: str, data: PretrainingData,
     init_key, dropout_key = jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)
     boxed = jax.eval_shape(init_params, init_key)
     param_sh = sharding.param_shardings(boxed, mesh, rules)
-    abstract_params = nn.unbox(boxed)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    opt_sh = sharding.optimizer_shardings(tx, abstract_opt, param_sh, mesh)
+    abstract_params = _with_shardings(nn.unbox(boxed), param_sh)
+    opt_sh = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, abstract_params),
+                                          param_sh, mesh)
     repl = sharding.replicated(mesh)
     state_sh = TrainState(repl, param_sh, opt_sh)
     batch_sh = sharding.batch_sharding(mesh, rules)
 
     ckpt = checkpoints.RunCheckpoints(workdir, config.train.keep_checkpoints)
     latest = ckpt.latest_step()
-    host_state: dict = {}
     if latest is not None:
-        restored = ckpt.restore(
-            latest, abstract_params=_with_shardings(abstract_params, param_sh),
-            abstract_opt_state=_with_shardings(abstract_opt, opt_sh),
-            abstract_progress={"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
-                               "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)})
-        state = TrainState(restored["progress"]["step"], restored["params"],
-                           restored["opt_state"])
-        dropout_key = restored["progress"]["rng"]
-        host_state = restored["host"]
-        if host_state["process_count"] != jax.process_count():
-            raise ValueError(
-                f"checkpoint step {latest} in {ckpt.directory} was written by "
-                f"{host_state['process_count']} processes and this run has "
-                f"{jax.process_count()}: each process's data position would not match. Resume "
-                "with the same number of hosts, or start a new workdir with "
-                f"--config.init_checkpoint={workdir}")
-        metrics_lib.truncate_jsonl(workdir, latest)
+        state, dropout_key, host_state = _restore(ckpt, latest, abstract_params, tx, opt_sh,
+                                                  repl, workdir)
     else:
         if config.init_checkpoint:
-            params = checkpoints.load_initial_params(
-                config.init_checkpoint, _with_shardings(abstract_params, param_sh))
+            params = checkpoints.load_initial_params(config.init_checkpoint, abstract_params)
         else:
             params = jax.jit(lambda k: nn.unbox(init_params(k)), out_shardings=param_sh)(init_key)
         opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
         state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), repl), params, opt_state)
-        dropout_key = jax.device_put(dropout_key, repl)
+        dropout_key, host_state = jax.device_put(dropout_key, repl), {}
         if jax.process_index() == 0:
             metrics_lib.write_text_atomic(epath.Path(workdir) / RUN_CONFIG,
                                           config.to_json_best_effort(indent=2))
@@ -349,7 +293,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
     positions = host_state.get("data_positions")
     iterator = data.train(positions[jax.process_index()] if positions else None)
     flops = metrics_lib.pretraining_flops_per_sequence(cfg, seq_len, predictions) * batch_size
-    logger = _Logger(workdir, total, config.train.log_every, batch_size, flops,
+    logger = metrics_lib.TrainingLog(workdir, total, config.train.log_every, batch_size, flops,
                      metrics_lib.peak_flops(list(mesh.devices.flat),
                                            config.train.peak_flops_per_device),
                      config.quiet, host_state.get("window", []))
@@ -435,7 +379,7 @@ def input_data(config: Any) -> PretrainingData:
                   mask_rate=data.mask_rate, mask_prob=data.mask_prob,
                   random_prob=data.random_prob, whole_word_masking=data.whole_word_masking,
                   nsp=data.nsp, short_seq_prob=data.short_seq_prob,
-                  shuffle_documents=data.shuffle_documents,
+                  shuffle_tokens=data.shuffle_tokens,
                   process_index=jax.process_index(), process_count=jax.process_count())
     heldout = 0.0 if data.eval_shard_dir else data.heldout_fraction
 

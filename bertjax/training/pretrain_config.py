@@ -59,7 +59,8 @@ def defaults() -> ml_collections.ConfigDict:
     config.data.short_seq_prob = 0.1
     config.data.nsp = True
     config.data.whole_word_masking = False
-    config.data.shuffle_documents = 1024
+    # Examples are made and shuffled in blocks of documents of about this many tokens.
+    config.data.shuffle_tokens = 1 << 19
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
