@@ -21,17 +21,14 @@ test: install
 	$(PY) -m pytest -q -n 2 --durations=15 $(PYTEST_ARGS)
 
 # Prepare the embedded Jane Austen corpus, pretrain configs/tiny.py on the CPU for a few
-# minutes, then fill in some blanks with the trained model. Rerunning reuses the prepared
-# corpus and the finished run.
+# minutes, then fill in some blanks with the trained model (after minutes it has learned the
+# frequent words, not yet much context). Rerunning reuses the corpus and the finished run.
 DEMO_DIR ?= /tmp/bertjax-demo
 demo: install
 	$(PY) -m bertjax.prepare --output=$(DEMO_DIR)/austen
 	$(PY) -m bertjax.main --config=configs/tiny.py --workdir=$(DEMO_DIR)/run \
 	    --config.data.shard_dir=$(DEMO_DIR)/austen
 	$(PY) -m bertjax.predict fill-mask --checkpoint=$(DEMO_DIR)/run/model \
-	    --text="It is a truth universally [MASK] that a single man in possession of a good fortune must be in want of a wife." \
-	    --text="She was the youngest of the two [MASK] of a most affectionate, indulgent father." \
-	    --text="\"I do not know what you [MASK],\" said Elizabeth."
-
-clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	    --text="It is a truth universally acknowledged[MASK] that a single man in possession of a good fortune must be in want of a wife." \
+	    --text="She was the youngest of [MASK] two daughters of a most affectionate, indulgent father." \
+	    --text="Elizabeth was determined [MASK] speak to him."

@@ -9,9 +9,9 @@ and bias-corrected AdamW (lr 1e-4, weight decay 0.01 except LayerNorm and biases
 projects only the P gathered positions onto the vocabulary; the Hugging Face models project
 all S positions and then pick the labelled ones. Warm-up steps (compilation) are excluded,
 every timed step is waited for (block_until_ready / the loss fetched), and each timing is the
-best of several repeats, because the machine may be shared. MFU counts the model's necessary
-matmul FLOPs (bertjax's, the same for all three) against the best f32 matmul FLOP/s measured
-on this machine in the same run.
+best of several repeats taken in turns, because the machine may be shared. MFU counts the
+model's necessary matmul FLOPs (bertjax's, the same for all three) against the best f32
+matmul FLOP/s measured on this machine in the same run.
 """
 
 from __future__ import annotations
@@ -50,16 +50,19 @@ def make_inputs(batch: int, seq_len: int, predictions: int, vocab: int, seed: in
             "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
 
 
-def time_steps(step, warmup: int, steps: int, repeats: int) -> float:
-    """Best seconds per step; `step()` must block until its step is done."""
-    for _ in range(warmup):
-        step()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(steps):
+def time_steps(steps_by_name: dict, warmup: int, steps: int, repeats: int) -> dict:
+    """Best seconds per step of each; `step()` must block until its step is done. Repeats
+    take turns, so a burst of load from other work hits every framework alike."""
+    for step in steps_by_name.values():
+        for _ in range(warmup):
             step()
-        best = min(best, (time.perf_counter() - start) / steps)
+    best = {name: float("inf") for name in steps_by_name}
+    for _ in range(repeats):
+        for name, step in steps_by_name.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            best[name] = min(best[name], (time.perf_counter() - start) / steps)
     return best
 
 
@@ -195,19 +198,18 @@ def main() -> None:
     builders = {"bertjax": bertjax_step, "hf_flax": hf_flax_step, "torch": torch_step}
     names = {"bertjax": "bertjax", "hf_flax": "HF FlaxBertForPreTraining",
              "torch": "HF BertForPreTraining (PyTorch)"}
-    rates = {}
-    for key in args.only.split(","):
-        seconds = time_steps(builders[key](config, inputs), args.warmup, args.steps,
-                             args.repeats)
-        rates[key] = args.batch / seconds
-        print(f"{names[key]:34s} {rates[key]:8.1f} seq/s  ({1e3 * seconds:7.1f} ms/step, "
-              f"MFU {100 * rates[key] * flops / peak:5.1f}%)", flush=True)
+    steps = {key: builders[key](config, inputs) for key in args.only.split(",")}
+    seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
+    rates = {key: args.batch / s for key, s in seconds.items()}
+    for key, rate in rates.items():
+        print(f"{names[key]:34s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
+              f"MFU {100 * rate * flops / peak:5.1f}%)")
     if "bertjax" in rates:
         for key in rates:
             if key != "bertjax":
                 print(f"bertjax / {names[key]}: {rates['bertjax'] / rates[key]:.2f}x")
-    print(f"best of {args.repeats} x {args.steps} steps after {args.warmup} warm-up steps; "
-          "the machine may be shared with other work")
+    print(f"best of {args.repeats} turns of {args.steps} steps each, after {args.warmup} "
+          "warm-up steps; the machine may be shared with other work")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """`python -m bertjax.main`: configs, config errors, the multi-host contract (two processes
-on localhost train exactly like one)."""
+on localhost, preempted and resumed, train exactly like one)."""
 
 import importlib.util
 import json
@@ -97,18 +97,29 @@ def losses(workdir):
                 for r in map(json.loads, f)]
 
 
-def test_two_processes_train_exactly_like_one(tmp_path):
+def run_two_processes(workdir, *args):
     port = free_port()
     workers = [subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "tests", "multiprocess_driver.py"),
-         str(tmp_path / "two")], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/tests",
-                        "JAX_PLATFORMS": "cpu", "JAX_NUM_CPU_DEVICES": "2",
-                        "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-                        "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i)})
+        [sys.executable, os.path.join(ROOT, "tests", "multiprocess_driver.py"), str(workdir),
+         *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/tests", "JAX_PLATFORMS": "cpu",
+             "JAX_NUM_CPU_DEVICES": "2", "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+             "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i),
+             "JAX_COMPILATION_CACHE_DIR": ph.COMPILATION_CACHE})
         for i in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
+    return [o.strip().splitlines()[-1] for o in outputs]
+
+
+def test_two_processes_preempted_and_resumed_train_exactly_like_one(tmp_path):
+    # Both hosts get SIGTERM at step 3; JAX's preemption sync makes them save the same step.
+    stops = run_two_processes(tmp_path / "two", "3")
+    assert stops[0] == stops[1] and stops[0].endswith("preempted: True"), stops
+    stopped = int(stops[0].split()[3].rstrip(","))
+    saved = sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints"))
+    assert 3 <= stopped < 6 and saved[-1] == stopped, (stops, saved)
+    assert run_two_processes(tmp_path / "two") == ["stopped at step 6, preempted: False"] * 2
 
     # One process, all 8 devices: only the order of reductions differs (as between meshes).
     config = ph.multiprocess_config(mesh_shape=(8, 1, 1))
@@ -117,6 +128,6 @@ def test_two_processes_train_exactly_like_one(tmp_path):
     assert [s for s, _, _ in two] == [1, 2, 3, 3, 4, 5, 6, 6]  # train and eval records
     np.testing.assert_allclose(np.array([r[1:] for r in two], float),
                                np.array([r[1:] for r in one], float), rtol=2e-6)
-    # Both processes wrote their shards of one checkpoint; the exported model is complete.
-    assert sorted(os.listdir(tmp_path / "two" / "checkpoints")) == ["4", "6"]
+    # Both processes wrote their shards of each checkpoint; the exported model is complete.
+    assert sorted(os.listdir(tmp_path / "two" / "checkpoints"))[-1] == "6"
     assert os.path.exists(tmp_path / "two" / "model" / "config.json")

@@ -74,8 +74,8 @@ def records(workdir):
 
 
 def unigram_baseline(shard_dir, eval_batches, vocab_size):
-    """Cross-entropy and accuracy on the held-out masked tokens of the best context-free
-    predictor: the corpus's token frequencies (add-one smoothed)."""
+    """Cross-entropy and accuracy on the held-out masked tokens of unigram guessing: the
+    corpus's token frequencies (add-one smoothed), whatever the input."""
     freq = np.ones(vocab_size)
     for doc in tf.data.TFRecordDataset(shards.shard_paths(shard_dir)).map(shards.parse_document):
         np.add.at(freq, doc["token_ids"].numpy(), 1)
@@ -85,7 +85,10 @@ def unigram_baseline(shard_dir, eval_batches, vocab_size):
     return -log_p[targets].mean(), np.mean(targets == np.argmax(freq))
 
 
-def test_loss_falls_and_beats_context_free_guessing(austen, reference_run):
+def test_loss_falls_and_beats_unigram_guessing(austen, reference_run):
+    """200 steps of a 2-layer model: it learns the token frequencies and to keep the tokens
+    that masking left unchanged (10%), which beats unigram guessing. Using the context at
+    [MASK] positions comes later (thousands of steps), beyond what a test affords."""
     workdir, data = reference_run
     logged = records(workdir)
     losses = [r["loss"] for r in logged if "loss" in r]
@@ -102,7 +105,9 @@ def test_loss_falls_and_beats_context_free_guessing(austen, reference_run):
     tags = collections.Counter(
         value.tag for record in tf.data.TFRecordDataset(events)
         for value in event_pb2.Event.FromString(record.numpy()).summary.value)
-    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2 and tags["mfu"] == 9, tags
+    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2, tags
+    # MFU needs a measured rate: every log has one, except a first log that came before it.
+    assert tags["mfu"] in (9, 10), tags
 
 
 def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, reference_run,

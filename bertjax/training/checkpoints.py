@@ -216,9 +216,6 @@ class RunCheckpoints:
             progress=ocp.args.StandardRestore(abstract_progress),
             host=ocp.args.JsonRestore())))
 
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
     def close(self) -> None:
         self.manager.wait_until_finished()
         self.manager.close()

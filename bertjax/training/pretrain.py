@@ -223,9 +223,9 @@ def train(config: Any, workdir: str, data: PretrainingData,
     """Pretrains as `config` says in `workdir`, resuming from its latest checkpoint.
 
     `devices` defaults to all. Returns {'state': the final TrainState, 'step': the step
-    reached, 'preempted': whether SIGTERM stopped it}. At the end
-    the parameters are also exported as a model directory, WORKDIR/model. Raises
-    FloatingPointError when the loss stops being finite (the last good checkpoint is kept).
+    reached, 'preempted': whether SIGTERM stopped it}. At the end the parameters are also
+    exported as a model directory, WORKDIR/model. Raises FloatingPointError when the loss
+    stops being finite (the last good checkpoint is kept).
     """
     _check_train_config(config.train)
     if jax.process_index() == 0:
@@ -293,10 +293,9 @@ def train(config: Any, workdir: str, data: PretrainingData,
     positions = host_state.get("data_positions")
     iterator = data.train(positions[jax.process_index()] if positions else None)
     flops = metrics_lib.pretraining_flops_per_sequence(cfg, seq_len, predictions) * batch_size
+    peak = metrics_lib.peak_flops(list(mesh.devices.flat), config.train.peak_flops_per_device)
     logger = metrics_lib.TrainingLog(workdir, total, config.train.log_every, batch_size, flops,
-                     metrics_lib.peak_flops(list(mesh.devices.flat),
-                                           config.train.peak_flops_per_device),
-                     config.quiet, host_state.get("window", []))
+                                     peak, config.quiet, host_state.get("window", []))
     logger.last_good_checkpoint = latest
     if latest is not None:
         logger.console.print(f"resumed from step {latest} ({ckpt.directory})")
