@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # configs/tiny.py made small enough to train in seconds; passed to the CLI as overrides.
 OVERRIDES = {
-    "model.num_hidden_layers": 2, "model.hidden_size": 64, "model.num_attention_heads": 2,
+    "model.num_hidden_layers": 1, "model.hidden_size": 64, "model.num_attention_heads": 2,
     "model.intermediate_size": 128, "data.max_seq_length": 64,
     "data.max_predictions_per_seq": 10, "data.heldout_fraction": 0.05,
     "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20, "train.num_steps": 200,
@@ -86,7 +86,7 @@ def unigram_baseline(shard_dir, eval_batches, vocab_size):
 
 
 def test_loss_falls_and_beats_unigram_guessing(austen, reference_run):
-    """200 steps of a 2-layer model: it learns the token frequencies and to keep the tokens
+    """200 steps of a 1-layer model: it learns the token frequencies and to keep the tokens
     that masking left unchanged (10%), which beats unigram guessing. Using the context at
     [MASK] positions comes later (thousands of steps), beyond what a test affords."""
     workdir, data = reference_run
@@ -105,7 +105,7 @@ def test_loss_falls_and_beats_unigram_guessing(austen, reference_run):
     tags = collections.Counter(
         value.tag for record in tf.data.TFRecordDataset(events)
         for value in event_pb2.Event.FromString(record.numpy()).summary.value)
-    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2 and tags["mfu"] == 9, tags
+    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2 and tags["mfu"] == 10, tags
 
 
 def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, reference_run,
