@@ -116,7 +116,7 @@ def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, refer
     command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
            "JAX_NUM_CPU_DEVICES": str(len(jax.devices())),
-           "JAX_COMPILATION_CACHE_DIR": ph.COMPILATION_CACHE}
+           **ph.CACHE_ENV}
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     metrics_file = os.path.join(workdir, "metrics.jsonl")
