@@ -32,3 +32,6 @@ demo: install
 	    --text="It is a truth universally acknowledged[MASK] that a single man in possession of a good fortune must be in want of a wife." \
 	    --text="She was the youngest of [MASK] two daughters of a most affectionate, indulgent father." \
 	    --text="Elizabeth was determined [MASK] speak to him."
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

@@ -41,6 +41,7 @@ _DISTRIBUTED = flags.DEFINE_enum(
 # config.mode -> "module:function(config, workdir)"; imported only when chosen.
 MODES = {
     "pretrain": "bertjax.training.pretrain:run",
+    "finetune": "bertjax.training.finetune:run",  # configs/finetune/*.py
 }
 
 # Variables that launchers of several processes set (value: more than one process).

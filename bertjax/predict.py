@@ -7,10 +7,24 @@ fortune must be in want of a wife."
 fill-mask prints the `--top_k` most likely tokens, with probabilities, for every [MASK] of
 every `--text`. `--checkpoint` is a model directory (what pretraining exports as
 WORKDIR/model, or what `python -m bertjax.convert` writes) or a pretraining workdir.
+
+Fine-tuned models (`--checkpoint` is the fine-tuning WORKDIR or its WORKDIR/model):
+
+  python -m bertjax.predict classify --checkpoint=/tmp/sst2 --text="A gorgeous, witty film."
+  python -m bertjax.predict tag --checkpoint=/tmp/ner --text="Emma walked to Highbury"
+  python -m bertjax.predict qa --checkpoint=/tmp/squad --text="Who walked?" \\
+      --context="Emma walked to Highbury."
+  python -m bertjax.predict classify --checkpoint=/tmp/sst2 --input=test.tsv --output=p.jsonl
+
+`classify` gives the label and its probability (or the score of a regression model; a TAB in
+`--text` separates a sentence pair), `tag` a tag per word, `qa` the answer span (empty: no
+answer). `--input` reads a file laid out like the training data (TSV/CSV/JSONL with
+`--text_columns`, CoNLL, or SQuAD JSON); `--output` writes one JSON record per example.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -20,8 +34,17 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags, logging  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
-_TEXT = flags.DEFINE_multi_string("text", [], "Text with one or more [MASK]; repeatable.")
+_TEXT = flags.DEFINE_multi_string(
+    "text", [], "Input text, repeatable: with [MASK]s (fill-mask), a sentence or TAB-separated "
+    "pair (classify), words (tag), a question (qa).")
 _TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions shown per [MASK].")
+_CONTEXT = flags.DEFINE_string("context", "", "qa: the passage that answers the questions.")
+_INPUT = flags.DEFINE_string("input", "", "A file to predict on, laid out like training data.")
+_OUTPUT = flags.DEFINE_string("output", "", "Write one JSON record per example here.")
+_TEXT_COLUMNS = flags.DEFINE_string("text_columns", "sentence",
+                                    "--input TSV/CSV/JSONL: comma-separated text columns.")
+_FORMAT = flags.DEFINE_string("format", "", "--input format (tsv, csv, jsonl, conll, squad); "
+                              "'' tells it from the model's task and the extension.")
 
 MASK = "[MASK]"
 
@@ -92,8 +115,53 @@ def fill_mask_main() -> None:
             print(f"  [MASK] {i}: {shown}" if len(masks) > 1 else f"  [MASK]: {shown}")
 
 
-# Task name -> function; fine-tuned tasks are added here.
-TASKS = {"fill-mask": fill_mask_main}
+# What each fine-tuned command accepts (task.json's type).
+TASK_COMMANDS = {"classify": ("classification", "regression"), "tag": ("tagging",),
+                 "qa": ("squad",)}
+
+
+def _task_line(record: dict) -> str:
+    if "words" in record:
+        return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["predictions"]))
+    if "question" in record:
+        best = record["nbest"][0]["probability"] if record["nbest"] else 0.0
+        answer = record["prediction"] or "(no answer)"
+        return f"{record['question']}\n  {answer}  {best:.3f}"
+    text = record["text_a"] + (f" | {record['text_b']}" if "text_b" in record else "")
+    if "probability" in record:
+        return f"{record['prediction']}  {record['probability']:.3f}  {text}"
+    return f"{record['prediction']:.4f}  {text}"
+
+
+def task_main(command: str) -> None:
+    from bertjax.training.task_predict import TaskPredictor
+
+    if not _CHECKPOINT.value or not (_TEXT.value or _INPUT.value):
+        raise app.UsageError(f"{command} needs --checkpoint and --text or --input")
+    predictor = TaskPredictor(model_directory(_CHECKPOINT.value))
+    if predictor.task.type not in TASK_COMMANDS[command]:
+        fits = next(c for c, types in TASK_COMMANDS.items() if predictor.task.type in types)
+        raise ValueError(f"{_CHECKPOINT.value} is a {predictor.task.type} model: use "
+                         f"`python -m bertjax.predict {fits}`")
+    if _INPUT.value:
+        examples = predictor.examples_from_file(_INPUT.value, _TEXT_COLUMNS.value,
+                                                fmt=_FORMAT.value)
+    else:
+        examples = predictor.examples_from_texts(_TEXT.value, _CONTEXT.value)
+    records = predictor.predict(examples)
+    if _OUTPUT.value:
+        from bertjax.data.features import atomic_write_text
+        atomic_write_text(_OUTPUT.value, "".join(json.dumps(r, ensure_ascii=False) + "\n"
+                                                 for r in records))
+        print(f"{len(records)} predictions written to {_OUTPUT.value}")
+    else:
+        for record in records:
+            print(_task_line(record))
+
+
+# Task name -> function.
+TASKS = {"fill-mask": fill_mask_main,
+         **{c: (lambda c=c: task_main(c)) for c in TASK_COMMANDS}}
 
 
 def main(argv: list[str]) -> None:

@@ -105,7 +105,9 @@ def test_loss_falls_and_beats_unigram_guessing(austen, reference_run):
     tags = collections.Counter(
         value.tag for record in tf.data.TFRecordDataset(events)
         for value in event_pb2.Event.FromString(record.numpy()).summary.value)
-    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2 and tags["mfu"] == 10, tags
+    assert tags["loss"] == 10 and tags["eval_mlm_accuracy"] == 2, tags
+    # MFU needs a measured rate: every log has one, except a first log that came before it.
+    assert tags["mfu"] in (9, 10), tags
 
 
 def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, reference_run,

@@ -1,4 +1,5 @@
-"""Pretraining heads on top of `BertModel`: masked LM (at gathered positions only) and NSP."""
+"""Heads on top of `BertModel`: pretraining (masked LM at gathered positions, NSP) and the
+fine-tuning tasks (sequence classification / regression, token tagging, extractive QA)."""
 
 from __future__ import annotations
 
@@ -50,3 +51,59 @@ class BertForPreTraining(nn.Module):
         nsp_logits_B2 = self.nsp(pooled_BD)
         return {"mlm_logits": mlm_logits_BPV.astype(jnp.float32),
                 "nsp_logits": nsp_logits_B2.astype(jnp.float32)}
+
+
+class BertForSequenceClassification(nn.Module):
+    """Dropout + dense on the pooled [CLS]: [B, num_labels] float32 logits.
+
+    num_labels=1 is regression (STS-B): the single logit is the predicted score.
+    """
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
+        self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
+
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+        pooled_BD = self.dropout(pooled_BD, deterministic=deterministic)
+        return self.classifier(pooled_BD).astype(jnp.float32)
+
+
+class BertForTokenClassification(nn.Module):
+    """Dropout + dense at every position (tagging, NER): [B, L, num_labels] float32 logits."""
+
+    config: BertConfig
+    num_labels: int
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
+        self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
+
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic)
+        x_BLD = self.dropout(x_BLD, deterministic=deterministic)
+        return self.classifier(x_BLD).astype(jnp.float32)
+
+
+class BertForQuestionAnswering(nn.Module):
+    """Dense to two scores per position (extractive QA, as the original run_squad).
+
+    Returns {'start_logits': [B, L], 'end_logits': [B, L]} float32; position 0 ([CLS]) is
+    the no-answer span.
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.bert = BertModel(self.config)
+        self.qa_outputs = _dense(self.config, 2, ("embed", None), "qa_outputs")
+
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic)
+        logits_BL2 = self.qa_outputs(x_BLD).astype(jnp.float32)
+        return {"start_logits": logits_BL2[..., 0], "end_logits": logits_BL2[..., 1]}

@@ -1,0 +1,96 @@
+"""Every key of a fine-tuning config, with its default: configs/finetune/*.py start from here.
+
+Defaults are the original BERT fine-tuning recipe: the pretraining optimizer (AdamW without
+bias correction, weight decay 0.01 off LayerNorm and biases, clip 1.0) at lr 5e-5 with 10%
+linear warmup then linear decay, batch 32, 3 epochs, dropout 0.1. The loader
+(`config_flags`, `lock_config=True`) rejects keys not listed here.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+
+from bertjax.training.pretrain_config import DEFAULT_RULES
+
+TASK_TYPES = ("classification", "regression", "tagging", "squad")
+
+
+def defaults() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    config.mode = "finetune"
+    config.seed = 0
+    # A model directory (`python -m bertjax.convert` output, or a run's exported WORKDIR/model)
+    # or a pretraining workdir (its latest checkpoint). Its `bert` encoder is loaded; the task
+    # head starts fresh.
+    config.init_checkpoint = ""
+    config.quiet = False
+
+    config.task = ml_collections.ConfigDict()
+    config.task.type = "classification"  # classification | regression | tagging | squad
+    config.task.train_file = ""
+    # Comma-separated labelled files: each is evaluated (metrics + a predictions file).
+    config.task.eval_files = ""
+    # Comma-separated unlabelled files: predictions only, after training.
+    config.task.predict_files = ""
+    # tsv | csv | jsonl | conll | squad; '' tells it from the task type and file extension.
+    config.task.format = ""
+    config.task.header = True  # TSV/CSV files start with a header line of column names
+    # Comma-separated column names (or 0-based positions in files without a header): one
+    # text column, or two for sentence pairs.
+    config.task.text_columns = "sentence"
+    config.task.label_column = "label"
+    # Instead of files: a TFDS dataset by name (glue/sst2, glue/mrpc, glue/stsb, squad, ...),
+    # already prepared in tfds_data_dir ('' is TFDS's default).
+    config.task.tfds_name = ""
+    config.task.tfds_data_dir = ""
+    config.task.tfds_train_split = "train"
+    config.task.tfds_eval_splits = "validation"  # comma-separated
+    config.task.tag_scheme = ""  # BIO | BIOES; '' detects it from the training file
+    config.task.strict_tags = False  # a tag breaking the scheme is an error, not a repair
+    config.task.max_seq_length = 128
+    # SQuAD: windows over long contexts, and the answer search (see bertjax/data/spans.py).
+    config.task.doc_stride = 128
+    config.task.max_query_length = 64
+    config.task.n_best = 20
+    config.task.max_answer_length = 30
+    config.task.version_2 = False  # SQuAD 2.0: questions may have no answer
+    config.task.null_threshold = 0.0  # v2.0: no answer when null score - best span > this
+    # The metric that picks the best evaluation: '' is accuracy (classification), pearson
+    # (regression), f1 (tagging: entity F1; squad: F1).
+    config.task.best_metric = ""
+    config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
+
+    config.model = ml_collections.ConfigDict()
+    config.model.dtype = "float32"  # compute dtype; parameters stay float32
+    config.model.hidden_dropout_prob = 0.1
+    config.model.attention_probs_dropout_prob = 0.1
+    config.model.remat = False
+    # 0 keeps every layer of the checkpoint; N keeps the first N (smaller, faster models).
+    config.model.num_hidden_layers = 0
+
+    config.optimizer = ml_collections.ConfigDict()
+    config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
+    config.optimizer.schedule = "bert"  # bert | warmup_linear
+    config.optimizer.learning_rate = 5e-5
+    config.optimizer.warmup_proportion = 0.1  # of all training steps
+    config.optimizer.weight_decay = 0.01
+    config.optimizer.b1 = 0.9
+    config.optimizer.b2 = 0.999
+    config.optimizer.eps = 1e-6
+    config.optimizer.clip_norm = 1.0
+    config.optimizer.grad_accum_steps = 1
+    # The fresh task head learns at learning_rate times this (1: the original recipe). Short
+    # runs reach a usable head sooner with more.
+    config.optimizer.head_lr_multiplier = 1.0
+
+    config.mesh = ml_collections.ConfigDict()
+    config.mesh.shape = (-1, 1, 1)
+    config.mesh.rules = DEFAULT_RULES
+
+    config.train = ml_collections.ConfigDict()
+    config.train.global_batch_size = 32
+    config.train.num_epochs = 3.0
+    config.train.eval_batch_size = 64  # global; evaluation pads its last batch
+    config.train.log_every = 50
+    config.train.keep_checkpoints = 1  # saved at every epoch end (and on preemption)
+    return config

