@@ -51,9 +51,9 @@ MASK = "[MASK]"
 
 def model_directory(path: str) -> str:
     """A pretraining workdir stands for the model it exported."""
-    exported = os.path.join(path, "model")
-    if not os.path.exists(os.path.join(path, "config.json")) and os.path.isdir(exported):
-        return exported
+    from etils import epath
+    if not (epath.Path(path) / "config.json").exists() and (epath.Path(path) / "model").is_dir():
+        return os.path.join(path, "model")
     return path
 
 

@@ -105,7 +105,7 @@ def run_two_processes(workdir, *args):
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/tests", "JAX_PLATFORMS": "cpu",
              "JAX_NUM_CPU_DEVICES": "2", "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
              "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i),
-             "JAX_COMPILATION_CACHE_DIR": ph.COMPILATION_CACHE})
+             **ph.CACHE_ENV})
         for i in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     assert [w.returncode for w in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]

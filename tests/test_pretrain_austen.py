@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # configs/tiny.py made small enough to train in seconds; passed to the CLI as overrides.
 OVERRIDES = {
-    "model.num_hidden_layers": 2, "model.hidden_size": 64, "model.num_attention_heads": 2,
+    "model.num_hidden_layers": 1, "model.hidden_size": 64, "model.num_attention_heads": 2,
     "model.intermediate_size": 128, "data.max_seq_length": 64,
     "data.max_predictions_per_seq": 10, "data.heldout_fraction": 0.05,
     "optimizer.learning_rate": 3e-3, "optimizer.warmup_steps": 20, "train.num_steps": 200,
@@ -86,7 +86,7 @@ def unigram_baseline(shard_dir, eval_batches, vocab_size):
 
 
 def test_loss_falls_and_beats_unigram_guessing(austen, reference_run):
-    """200 steps of a 2-layer model: it learns the token frequencies and to keep the tokens
+    """200 steps of a 1-layer model: it learns the token frequencies and to keep the tokens
     that masking left unchanged (10%), which beats unigram guessing. Using the context at
     [MASK] positions comes later (thousands of steps), beyond what a test affords."""
     workdir, data = reference_run
@@ -118,7 +118,7 @@ def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, refer
     command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
            "JAX_NUM_CPU_DEVICES": str(len(jax.devices())),
-           "JAX_COMPILATION_CACHE_DIR": ph.COMPILATION_CACHE}
+           **ph.CACHE_ENV}
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     metrics_file = os.path.join(workdir, "metrics.jsonl")
