@@ -3,15 +3,17 @@ configs for tests of the loop's mechanics (the real-data tests use converted Min
 from __future__ import annotations
 
 import os
+import pathlib
 import tempfile
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import checkpoints, finetune_config
+from bertjax.training import checkpoints, finetune_config, pretrain, pretrain_config
 from task_data import austen_paragraphs, wordpiece
 
 # Each run jits its steps afresh; a persistent compilation cache makes the repeats cheap.
@@ -32,6 +34,28 @@ def tiny_pretraining_params(seed: int = 0):
 def tiny_model_dir(directory: str) -> str:
     checkpoints.save_model(directory, tiny_pretraining_params(), TINY, wordpiece())
     return directory
+
+
+def tiny_pretraining_workdir(workdir, seed: int = 3) -> str:
+    """A pretraining workdir as a run of TINY leaves it: its run config, whose shard_dir holds
+    the tokenizer, and one Orbax checkpoint (step 7)."""
+    workdir = pathlib.Path(workdir)
+    shard_dir = workdir.parent / f"{workdir.name}-shards"
+    shard_dir.mkdir(parents=True)
+    wordpiece().save(str(shard_dir))
+    run = pretrain_config.defaults()
+    run.model.size = "tiny"
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings"):
+        run.model[key] = getattr(TINY, key)
+    run.data.shard_dir = str(shard_dir)
+    workdir.mkdir()
+    (workdir / pretrain.RUN_CONFIG).write_text(run.to_json_best_effort())
+    ckpt = checkpoints.RunCheckpoints(str(workdir), keep=1)
+    ckpt.save(7, params=tiny_pretraining_params(seed), opt_state={"x": np.zeros(2)},
+              progress={"step": np.int32(7), "rng": np.zeros(2, np.uint32)}, host={})
+    ckpt.close()
+    return str(workdir)
 
 
 def sentences(count: int, start: int = 0) -> list[str]:

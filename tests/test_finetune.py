@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 
 import real_data
-from bertjax.training import checkpoints, finetune, pretrain, pretrain_config
+from bertjax.training import checkpoints, finetune, pretrain_config
 from bertjax.training.task_predict import TaskPredictor
 from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
-                              tiny_pretraining_params)
-from task_data import wordpiece
+                              tiny_pretraining_params, tiny_pretraining_workdir)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -108,24 +107,9 @@ def test_sharded_run_matches_single_device(tmp_path, tiny_dir, files, straight_r
 
 
 def test_encoder_from_a_pretraining_workdir_and_truncated(tmp_path):
+    workdir = tiny_pretraining_workdir(tmp_path / "pretrain", seed=3)
     params = tiny_pretraining_params(seed=3)
-    shard_dir = tmp_path / "shards"
-    shard_dir.mkdir()
-    wordpiece().save(str(shard_dir))
-    run = pretrain_config.defaults()
-    run.model.size = "tiny"
-    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings"):
-        run.model[key] = getattr(TINY, key)
-    run.data.shard_dir = str(shard_dir)
-    workdir = tmp_path / "pretrain"
-    workdir.mkdir()
-    (workdir / pretrain.RUN_CONFIG).write_text(run.to_json_best_effort())
-    ckpt = checkpoints.RunCheckpoints(str(workdir), keep=1)
-    ckpt.save(7, params=params, opt_state={"x": np.zeros(2)},
-              progress={"step": np.int32(7), "rng": np.zeros(2, np.uint32)}, host={})
-    ckpt.close()
-
+    shard_dir = tmp_path / "pretrain-shards"
     base, tokenizer_path = finetune.checkpoint_config(str(workdir))
     assert base.to_dict() == TINY.to_dict() and tokenizer_path == str(shard_dir)
     from bertjax.training import sharding

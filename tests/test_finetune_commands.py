@@ -1,0 +1,119 @@
+"""Every fine-tuning config runs as its docstring says, from a converted checkpoint and from a
+pretraining workdir: each `python -m bertjax.main` command of the docstring is parsed by the
+real flag parser, its files are made in the layout it names (columns, formats, eval sets),
+it runs shrunk to a few steps, and the model it leaves answers `bertjax.predict`."""
+import json
+import os
+import shlex
+
+import numpy as np
+import pytest
+from absl import flags
+from ml_collections import config_flags
+
+import real_data
+from bertjax import main
+from bertjax.predict import model_directory
+from bertjax.training.task_predict import TaskPredictor
+from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = ("classify", "pair", "tag", "squad")
+# Appended to each docstring command: a tiny budget (later flags win).
+SHRINK = ["--config.task.max_seq_length=32", "--config.task.doc_stride=16",
+          "--config.task.max_query_length=12", "--config.train.global_batch_size=16",
+          "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
+          "--config.quiet=true"]
+
+
+def docstring_commands(name: str) -> list[list[str]]:
+    """The arguments of each `python -m bertjax.main` command in configs/finetune/NAME.py."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, f"{ROOT}/configs/finetune/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = module.__doc__.replace("\\\n", " ").splitlines()
+    return [shlex.split(line)[3:] for line in lines
+            if line.strip().startswith("python -m bertjax.main")]
+
+
+def parse(args: list[str]):
+    """(config, workdir) exactly as `python -m bertjax.main` would read them."""
+    argv = ["bertjax.main", *args]
+    values = flags.FlagValues()
+    # The override flags (--config.a.b) are declared from the arguments being parsed.
+    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
+                                    sys_argv=argv)
+    flags.DEFINE_string("workdir", None, "", flag_values=values)
+    values(argv)
+    return values.config, values.workdir
+
+
+def write_task_file(path: str, config, start: int) -> str:
+    """A small labelled file in the layout `config.task` expects."""
+    task = config.task
+    texts = sentences(48, start=start)
+    if task.type == "tagging":
+        lines = ["-DOCSTART- O", ""]
+        for text in texts:
+            lines += [f"{w} {'B-NAME' if w[:1].isupper() else 'O'}" for w in text.split()] + [""]
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\n".join(lines))
+        return path
+    if task.type == "squad":
+        return real_data.write_squad(path, real_data.austen_questions()[start:start + 48])
+    columns = task.text_columns.split(",")
+    labels = ([len(t) / 20 for t in texts] if task.type == "regression"
+              else ["long" if len(t) > 50 else "short" for t in texts])
+    rows = [(*[texts[(i + k) % len(texts)] for k in range(len(columns))], label)
+            for i, label in enumerate(labels)]
+    return write_tsv(path, rows, (*columns, task.label_column))
+
+
+def predict_one(predictor: TaskPredictor) -> dict:
+    if predictor.task.type == "squad":
+        examples = predictor.examples_from_texts(["Which person is named in this passage?"],
+                                                 "Emma walked to Highbury with Harriet.")
+    else:
+        examples = predictor.examples_from_texts(["Emma walked to Highbury\tShe was happy."])
+    (record,) = predictor.predict(examples)
+    return record
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("checkpoints")
+    return {"converted": tiny_model_dir(str(root / "converted")),
+            "pretraining workdir": tiny_pretraining_workdir(root / "pretrain")}
+
+
+@pytest.mark.parametrize("source", ["converted", "pretraining workdir"])
+@pytest.mark.parametrize("name", CONFIGS)
+def test_docstring_command_runs_and_predicts(name, source, checkpoints, tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # the commands name configs/ relative to the checkout
+    commands = [c for c in docstring_commands(name)
+                if not any(a.startswith("--config.task.tfds_name=") for a in c)]
+    assert commands, f"configs/finetune/{name}.py: no command that runs on files"
+    for n, args in enumerate(commands):
+        config, _ = parse(args)
+        files = {}
+        for key in ("train_file", "eval_files"):
+            names = [os.path.basename(p) for p in config.task[key].split(",")]
+            assert all(names), f"{name}.py command {n}: no --config.task.{key}"
+            files[key] = ",".join(
+                write_task_file(str(tmp_path / f"{n}-{i}-{base}"), config, 60 * i + 200 * n)
+                for i, base in enumerate(names, 1 if key == "eval_files" else 0))
+        workdir = tmp_path / f"run{n}"
+        config, _ = parse([
+            *args, f"--workdir={workdir}", f"--config.init_checkpoint={checkpoints[source]}",
+            f"--config.task.train_file={files['train_file']}",
+            f"--config.task.eval_files={files['eval_files']}", *SHRINK])
+        main.run_mode(config, str(workdir))
+
+        results = json.loads((workdir / "eval_results.json").read_text())
+        assert len(results["sets"]) == len(files["eval_files"].split(","))
+        for metrics in (s["final"]["metrics"] for s in results["sets"].values()):
+            assert metrics and all(np.isfinite(v) for v in metrics.values()
+                                   if isinstance(v, float)), metrics
+        record = predict_one(TaskPredictor(model_directory(str(workdir))))
+        assert "prediction" in record or "predictions" in record, record
