@@ -3,6 +3,8 @@
 As configs/base.py: phase 1 is 900k steps at length 128, phase 2 is 100k steps at length 512
 from phase 1's parameters; batch 256, original AdamW, lr 1e-4, 10k warmup.
 
+  python -m bertjax.prepare --input='corpus/*.txt' \\
+      --tokenizer=uncased_L-12_H-768_A-12/vocab.txt --output=gs://BUCKET/corpus
   python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/large-phase1 \\
       --config.data.shard_dir=gs://BUCKET/corpus --config.model.dtype=bfloat16
   python -m bertjax.main --config=configs/large.py:phase2 --workdir=gs://BUCKET/large-phase2 \\
