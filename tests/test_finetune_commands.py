@@ -4,49 +4,23 @@ real flag parser, its files are made in the layout it names (columns, formats, e
 it runs shrunk to a few steps, and the model it leaves answers `bertjax.predict`."""
 import json
 import os
-import shlex
 
 import numpy as np
 import pytest
-from absl import flags
-from ml_collections import config_flags
 
 import real_data
 from bertjax import main
 from bertjax.predict import model_directory
 from bertjax.training.task_predict import TaskPredictor
+from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("classify", "pair", "tag", "squad")
 # Appended to each docstring command: a tiny budget (later flags win).
 SHRINK = ["--config.task.max_seq_length=32", "--config.task.doc_stride=16",
           "--config.task.max_query_length=12", "--config.train.global_batch_size=16",
           "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
           "--config.quiet=true"]
-
-
-def docstring_commands(name: str) -> list[list[str]]:
-    """The arguments of each `python -m bertjax.main` command in configs/finetune/NAME.py."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, f"{ROOT}/configs/finetune/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    lines = module.__doc__.replace("\\\n", " ").splitlines()
-    return [shlex.split(line)[3:] for line in lines
-            if line.strip().startswith("python -m bertjax.main")]
-
-
-def parse(args: list[str]):
-    """(config, workdir) exactly as `python -m bertjax.main` would read them."""
-    argv = ["bertjax.main", *args]
-    values = flags.FlagValues()
-    # The override flags (--config.a.b) are declared from the arguments being parsed.
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
-                                    sys_argv=argv)
-    flags.DEFINE_string("workdir", None, "", flag_values=values)
-    values(argv)
-    return values.config, values.workdir
 
 
 def write_task_file(path: str, config, start: int) -> str:
@@ -91,8 +65,8 @@ def checkpoints(tmp_path_factory):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_docstring_command_runs_and_predicts(name, source, checkpoints, tmp_path, monkeypatch):
     monkeypatch.chdir(ROOT)  # the commands name configs/ relative to the checkout
-    commands = [c for c in docstring_commands(name)
-                if not any(a.startswith("--config.task.tfds_name=") for a in c)]
+    commands = [c[3:] for c in docstring_commands(f"configs/finetune/{name}.py")
+                if c[2] == "bertjax.main" and not any(a.startswith("--config.task.tfds_name=") for a in c)]
     assert commands, f"configs/finetune/{name}.py: no command that runs on files"
     for n, args in enumerate(commands):
         config, _ = parse(args)

@@ -3,7 +3,6 @@ BERT's WordPiece vocabulary, pretrain phase 1 (seq 128), then phase 2 (seq 512) 
 1's workdir. Each command is taken from the docstring and parsed by the real flag parser;
 only the bucket, the corpus and the budget (a tiny model, two steps) are swapped in."""
 import os
-import shlex
 import subprocess
 import sys
 
@@ -11,26 +10,15 @@ import numpy as np
 import pytest
 
 import pretrain_helpers  # noqa: F401  (the shared compilation cache)
+from config_commands import ROOT, docstring_commands, parse
 from bertjax import main
 from bertjax.training import checkpoints
 from task_data import MINILM_DIR, austen_paragraphs
-from test_finetune_commands import parse
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHRINK = ["--config.model.size=tiny", "--config.train.num_steps=2",
           "--config.train.global_batch_size=8", "--config.train.log_every=1",
           "--config.train.eval_every=0", "--config.train.checkpoint_every=2",
           "--config.optimizer.warmup_steps=1", "--config.quiet=true"]
-
-
-def docstring_commands(name: str) -> list[list[str]]:
-    """Each `python -m bertjax.*` command of configs/NAME.py, as argument lists."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, f"{ROOT}/configs/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    lines = module.__doc__.replace("\\\n", " ").splitlines()
-    return [shlex.split(line) for line in lines if line.strip().startswith("python -m bertjax.")]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +48,7 @@ def test_two_phase_commands_run_as_written(name, corpus_dir, bucket, monkeypatch
                 .replace("corpus/*.txt", f"{corpus_dir}/*.txt")
                 .replace("uncased_L-12_H-768_A-12/vocab.txt", f"{MINILM_DIR}/vocab.txt"))
 
-    commands = [[local(a) for a in c] for c in docstring_commands(name)]
+    commands = [[local(a) for a in c] for c in docstring_commands(f"configs/{name}.py")]
     assert [c[2] for c in commands] == ["bertjax.prepare", "bertjax.main", "bertjax.main"]
     prepare, phase1, phase2 = commands
     run = subprocess.run([sys.executable, *prepare[1:], "--quiet"], cwd=ROOT, timeout=300,
