@@ -65,7 +65,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 import real_data  # noqa: E402  (tests/: the CI tests' data builders)
 from task_data import MINILM_DIR  # noqa: E402
 
-SEED = 0
+DATA_SEED = 0  # the train / held-out split; --seed is the training run's
 
 
 @dataclasses.dataclass
@@ -106,7 +106,7 @@ QUICK = {"train": 64, "held_out": 64, "epochs": 1.0}
 def _split(rows: list, train: int, held_out: int) -> tuple[list, list]:
     if train + held_out > len(rows):
         raise ValueError(f"asked for {train} + {held_out} examples, the source has {len(rows)}")
-    order = np.random.default_rng(SEED).permutation(len(rows))
+    order = np.random.default_rng(DATA_SEED).permutation(len(rows))
     return [rows[i] for i in order[:train]], [rows[i] for i in order[-held_out:]]
 
 
@@ -153,7 +153,7 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
                     "token_accuracy": float(np.mean([t == "O" for t in gold]))}
         return train_path + ".txt", dev_path + ".txt", baseline
     if name == "pair":
-        train, dev = _split(real_data.austen_pairs(task.train + task.held_out, seed=SEED),
+        train, dev = _split(real_data.austen_pairs(task.train + task.held_out, seed=DATA_SEED),
                             task.train, task.held_out)
         header = ("sentence1", "sentence2", "label")
         mean = float(np.mean([s for *_, s in train]))
@@ -175,7 +175,7 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
 # --- bertjax -----------------------------------------------------------------------------------
 
 
-def overrides(task: Task, model_dir: str, train_file: str, eval_file: str) -> dict:
+def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int) -> dict:
     """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values."""
     return {"init_checkpoint": model_dir, "task.train_file": train_file,
             "task.eval_files": eval_file,
@@ -185,7 +185,7 @@ def overrides(task: Task, model_dir: str, train_file: str, eval_file: str) -> di
             **({"optimizer.head_lr_multiplier": task.head_lr_multiplier}
                if task.head_lr_multiplier != 1.0 else {}),
             "train.num_epochs": task.epochs, "train.global_batch_size": 32,
-            "train.eval_batch_size": 64, "seed": SEED}
+            "train.eval_batch_size": 64, "seed": seed}
 
 
 def bertjax_command(task: Task, workdir: str, values: dict) -> list[str]:
@@ -281,8 +281,8 @@ def run_transformers(task: Task, values: dict) -> tuple[dict, float, list[dict]]
     from bertjax.training import finetune, task_inputs, task_types
 
     start = time.perf_counter()
-    torch.manual_seed(SEED)
     config = task_config(task, values)
+    torch.manual_seed(config.seed)
     kind = task_types.task_type(task.type)
     data = task_inputs.load_task_data(config.task, load_tokenizer(config.init_checkpoint))
     (dev,) = data.evals
@@ -376,6 +376,9 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke test: {QUICK['train']} training examples, 1 epoch")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="training seed of both frameworks (head init, dropout, batch "
+                        "order); the data split stays fixed")
     args = parser.parse_args()
     names = [n.strip() for n in args.tasks.split(",") if n.strip()]
     unknown = [n for n in names if n not in TASKS]
@@ -383,7 +386,8 @@ def main() -> None:
         parser.error(f"--tasks: unknown {', '.join(unknown)}; expected some of "
                      f"{', '.join(TASKS)}")
     rerun = ("PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py "
-             f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else ""))
+             f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else "")
+             + (f" --seed={args.seed}" if args.seed else ""))
     print(f"# {rerun}", flush=True)
     os.makedirs(args.out, exist_ok=True)
 
@@ -402,7 +406,7 @@ def main() -> None:
                                        epochs=QUICK["epochs"])
         train_file, eval_file, baseline = write_data(name, task,
                                                      os.path.join(args.out, "data", name))
-        values = overrides(task, model_dir, train_file, eval_file)
+        values = overrides(task, model_dir, train_file, eval_file, args.seed)
         workdir = os.path.join(args.out, "runs", name)
         if os.path.exists(workdir):  # a finished run would only be re-reported
             subprocess.run(["rm", "-rf", workdir], check=True)
