@@ -10,7 +10,8 @@ CKPT (`init_checkpoint`) is a model directory (`python -m bertjax.convert --from
 Files are GLUE-style TSVs with a header (columns `sentence`, `label`); CSV and JSONL work
 the same way (`task.text_columns`, `task.label_column`, `task.format`). Or a prepared TFDS
 dataset: --config.task.tfds_name=glue/sst2. Predict afterwards with
-`python -m bertjax.predict task --model=/tmp/sst2/model --text="..."`.
+`python -m bertjax.predict classify --checkpoint=/tmp/sst2 --text="..."` (or
+`--input=test.tsv --output=predictions.jsonl`).
 """
 
 from bertjax.training import finetune_config

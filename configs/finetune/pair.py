@@ -11,7 +11,9 @@
       --config.task.tfds_name=glue/stsb
 
 The pair is packed as `[CLS] A [SEP] B [SEP]` with segment ids 0 then 1; an over-long pair
-loses tokens from the end of the longer text, as in the original.
+loses tokens from the end of the longer text, as in the original. Predict afterwards with
+`python -m bertjax.predict classify --checkpoint=/tmp/mrpc --text=$'She came.\\tShe arrived.'`
+(a TAB separates the pair).
 """
 
 from bertjax.training import finetune_config

@@ -9,7 +9,8 @@ n-best span search (n_best 20, max answer length 30).
 
 WORKDIR/predictions/<set>.answers.json is in the official evaluation script's format. For
 v2.0, tune --config.task.null_threshold on the dev set: eval_results.json reports the
-best threshold (best_f1_thresh).
+best threshold (best_f1_thresh). Predict afterwards with
+`python -m bertjax.predict qa --checkpoint=/tmp/squad --text="Who walked?" --context="..."`.
 """
 
 from bertjax.training import finetune_config

@@ -7,7 +7,8 @@ scored at the entity level (seqeval's default mode).
       --config.task.train_file=ner/train.txt --config.task.eval_files=ner/dev.txt,ner/test.txt
 
 Tags that break the scheme (an I-X not after B-X or I-X) are repaired and counted;
---config.task.strict_tags=true makes them an error.
+--config.task.strict_tags=true makes them an error. Predict afterwards with
+`python -m bertjax.predict tag --checkpoint=/tmp/ner --text="Emma walked to Highbury"`.
 """
 
 from bertjax.training import finetune_config

