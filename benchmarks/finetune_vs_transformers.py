@@ -99,12 +99,16 @@ TASKS = {
                overrides={"task.doc_stride": 48, "task.max_query_length": 16}),
 }
 QUICK = {"train": 64, "held_out": 64, "epochs": 1.0}
+# --full trains on every example not held out; the pair task is generated, this many pairs.
+FULL_PAIRS = 4000
 
 
 # --- data --------------------------------------------------------------------------------------
 
 
 def _split(rows: list, train: int, held_out: int) -> tuple[list, list]:
+    """The held-out rows are the same whatever `train` is (0: every row not held out)."""
+    train = train or len(rows) - held_out
     if train + held_out > len(rows):
         raise ValueError(f"asked for {train} + {held_out} examples, the source has {len(rows)}")
     order = np.random.default_rng(DATA_SEED).permutation(len(rows))
@@ -128,7 +132,7 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
         train, dev = _split(rows, task.train, task.held_out)
         header = ("sentence", "label")
         majority = collections.Counter(l for _, l in train).most_common(1)[0][0]
-        baseline = {"name": f"always {majority!r}",
+        baseline = {"train_examples": len(train), "name": f"always {majority!r}",
                     "accuracy": float(np.mean([l == majority for _, l in dev]))}
         return (_write_tsv(train_path + ".tsv", train, header),
                 _write_tsv(dev_path + ".tsv", dev, header), baseline)
@@ -150,23 +154,23 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
             with open(path + ".txt", "w", encoding="utf-8") as f:
                 f.write("\n\t\n".join(part))
         gold = [line.split("\t")[1] for t in dev for line in t.splitlines() if line.strip()]
-        baseline = {"name": "every word O", "f1": 0.0, "held_out_kept": len(dev),
+        baseline = {"train_examples": len(train), "name": "every word O", "f1": 0.0, "held_out_kept": len(dev),
                     "token_accuracy": float(np.mean([t == "O" for t in gold]))}
         return train_path + ".txt", dev_path + ".txt", baseline
     if name == "pair":
-        train, dev = _split(real_data.austen_pairs(task.train + task.held_out, seed=DATA_SEED),
-                            task.train, task.held_out)
+        train, dev = _split(real_data.austen_pairs((task.train or FULL_PAIRS) + task.held_out,
+                                                   seed=DATA_SEED), task.train, task.held_out)
         header = ("sentence1", "sentence2", "label")
         mean = float(np.mean([s for *_, s in train]))
         gold = np.array([s for *_, s in dev])
-        baseline = {"name": "the training mean", "pearson": 0.0, "spearman": 0.0,
-                    "mse": float(np.mean((gold - mean) ** 2))}
+        baseline = {"train_examples": len(train), "name": "the training mean",
+                    "pearson": 0.0, "spearman": 0.0, "mse": float(np.mean((gold - mean) ** 2))}
         return (_write_tsv(train_path + ".tsv", train, header),
                 _write_tsv(dev_path + ".tsv", dev, header), baseline)
     if name == "qa":
         train, dev = _split(real_data.austen_questions(), task.train, task.held_out)
         common = collections.Counter(e.answer_text for e in train).most_common(1)[0][0]
-        baseline = {"name": f"always {common!r}",
+        baseline = {"train_examples": len(train), "name": f"always {common!r}",
                     "exact": float(100 * np.mean([common in e.answers for e in dev]))}
         return (real_data.write_squad(train_path + ".json", train),
                 real_data.write_squad(dev_path + ".json", dev), baseline)
@@ -377,6 +381,8 @@ def main() -> None:
     parser.add_argument("--tasks", default=",".join(TASKS), help="comma-separated subset")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke test: {QUICK['train']} training examples, 1 epoch")
+    parser.add_argument("--full", action="store_true",
+                        help="train on every example not held out (same held-out sets)")
     parser.add_argument("--seed", type=int, default=0,
                         help="training seed of both frameworks (head init, dropout, batch "
                         "order); the data split stays fixed")
@@ -388,6 +394,7 @@ def main() -> None:
                      f"{', '.join(TASKS)}")
     rerun = ("PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py "
              f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else "")
+             + (" --full" if args.full else "")
              + (f" --seed={args.seed}" if args.seed else ""))
     print(f"# {rerun}", flush=True)
     os.makedirs(args.out, exist_ok=True)
@@ -405,6 +412,8 @@ def main() -> None:
         if args.quick:
             task = dataclasses.replace(task, train=QUICK["train"], held_out=QUICK["held_out"],
                                        epochs=QUICK["epochs"])
+        elif args.full:
+            task = dataclasses.replace(task, train=0)
         train_file, eval_file, baseline = write_data(name, task,
                                                      os.path.join(args.out, "data", name))
         values = overrides(task, model_dir, train_file, eval_file, args.seed)
@@ -429,7 +438,7 @@ def main() -> None:
                      "bertjax": bj_metrics, "transformers": hf_metrics,
                      "transformers_per_epoch": hf_history, "baseline": baseline,
                      "bertjax_seconds": bj_seconds, "transformers_seconds": hf_seconds,
-                     "train": task.train, "epochs": task.epochs,
+                     "train": baseline["train_examples"], "epochs": task.epochs,
                      "held_out": baseline.get("held_out_kept", task.held_out),
                      "max_seq_length": task.max_seq_length,
                      "learning_rate": task.learning_rate,
