@@ -283,13 +283,14 @@ def run_transformers(task: Task, values: dict) -> tuple[dict, float, list[dict]]
     import transformers as hf
 
     from bertjax.data.tokenizers import load_tokenizer
-    from bertjax.training import finetune, task_inputs, task_types
+    from bertjax.tasks import base as tasks
+    from bertjax.training import finetune, finetune_config
 
     start = time.perf_counter()
     config = task_config(task, values)
     torch.manual_seed(config.seed)
-    kind = task_types.task_type(task.type)
-    data = task_inputs.load_task_data(config.task, load_tokenizer(config.init_checkpoint))
+    kind = finetune_config.validate(config)
+    data = kind.load(load_tokenizer(config.init_checkpoint))
     (dev,) = data.evals
     model = _hf_model(task.type, len(data.labels) if data.labels is not None else 1)
     model.train()
@@ -312,7 +313,7 @@ def run_transformers(task: Task, values: dict) -> tuple[dict, float, list[dict]]
     total = max(1, round(config.train.num_epochs * per_epoch))
     scheduler = hf.get_linear_schedule_with_warmup(
         optimizer, int(opt.warmup_proportion * total), total)
-    keys = task_types.INPUTS + kind.targets
+    keys = tasks.INPUTS + kind.targets
     history, order, train_seconds = [], None, 0.0
     for step in range(total):
         step_start = time.perf_counter()
@@ -333,7 +334,7 @@ def run_transformers(task: Task, values: dict) -> tuple[dict, float, list[dict]]
         if (step + 1) % per_epoch == 0 or step + 1 == total:
             outputs = _torch_outputs(task.type, model, dev.features.arrays,
                                      config.train.eval_batch_size)
-            metrics, _ = kind.evaluate(config.task, dev, outputs, data.labels)
+            metrics, _ = kind.evaluate(dev, outputs, data.labels)
             history.append({"step": step + 1, "train_seconds": train_seconds,
                             "metrics": metrics})
             print(f"  transformers step {step + 1}/{total} ({train_seconds / (step + 1):.2f} "

@@ -31,7 +31,7 @@ import optax  # noqa: E402
 
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining  # noqa: E402
-from bertjax.training import metrics, optimizers, pretrain, sharding  # noqa: E402
+from bertjax.training import metrics, optimizers, pretrain, sharding, trainer  # noqa: E402
 
 LR, WEIGHT_DECAY, CLIP, DROPOUT = 1e-4, 0.01, 1.0, 0.1
 
@@ -77,9 +77,10 @@ def bertjax_step(config, inputs):
     params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
                                  jnp.asarray(inputs["masked_lm_positions"][:1]))["params"])
     params = jax.device_put(params, repl)
-    state = pretrain.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
-    train_step = jax.jit(pretrain.make_train_step(model, tx, schedule, grad_accum_steps=1,
-                                                  nsp=True), donate_argnums=(0,))
+    state = trainer.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    train_step = jax.jit(trainer.make_train_step(pretrain.objective(model, nsp=True), tx,
+                                                 schedule, grad_accum_steps=1),
+                         donate_argnums=(0,))
     batch = jax.device_put(inputs, repl)
     rng = jax.random.PRNGKey(1)
     holder = {"state": state}

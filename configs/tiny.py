@@ -17,8 +17,7 @@ from bertjax.training import pretrain_config
 
 
 def get_config():
-    config = pretrain_config.defaults()
-    config.model.size = "tiny"
+    config = pretrain_config.defaults("tiny")
     config.data.max_seq_length = 128
     config.data.max_predictions_per_seq = 20
     config.data.heldout_fraction = 0.02

@@ -13,7 +13,7 @@ import numpy as np
 
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import checkpoints, finetune_config, pretrain, pretrain_config
+from bertjax.training import checkpoints, finetune_config
 from task_data import austen_paragraphs, wordpiece
 
 # Each run jits its steps afresh; a persistent compilation cache makes the repeats cheap.
@@ -37,20 +37,11 @@ def tiny_model_dir(directory: str) -> str:
 
 
 def tiny_pretraining_workdir(workdir, seed: int = 3) -> str:
-    """A pretraining workdir as a run of TINY leaves it: its run config, whose shard_dir holds
-    the tokenizer, and one Orbax checkpoint (step 7)."""
+    """A pretraining workdir as a run of TINY leaves it mid-run: its architecture (config and
+    tokenizer) and one Orbax checkpoint (step 7), no exported model yet."""
     workdir = pathlib.Path(workdir)
-    shard_dir = workdir.parent / f"{workdir.name}-shards"
-    shard_dir.mkdir(parents=True)
-    wordpiece().save(str(shard_dir))
-    run = pretrain_config.defaults()
-    run.model.size = "tiny"
-    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings"):
-        run.model[key] = getattr(TINY, key)
-    run.data.shard_dir = str(shard_dir)
-    workdir.mkdir()
-    (workdir / pretrain.RUN_CONFIG).write_text(run.to_json_best_effort())
+    workdir.mkdir(parents=True)
+    checkpoints.write_architecture(str(workdir), TINY, wordpiece())
     ckpt = checkpoints.RunCheckpoints(str(workdir), keep=1)
     ckpt.save(7, params=tiny_pretraining_params(seed), opt_state={"x": np.zeros(2)},
               progress={"step": np.int32(7), "rng": np.zeros(2, np.uint32)}, host={})
@@ -102,5 +93,7 @@ def tiny_config(init_checkpoint: str, **task):
     config.train.num_epochs = 2.0
     config.train.log_every = 2
     for key, value in task.items():
+        if isinstance(config.task[key], tuple) and isinstance(value, str):
+            value = tuple(v for v in value.split(",") if v)  # files or columns, as a tuple
         config.task[key] = value
     return config

@@ -111,10 +111,10 @@ def tiny_config(**train_overrides):
     vocab 106), batch 16 of length 13, 6 steps. Tests that change only what the host does
     (logging, evaluation and checkpoint cadence, the data) share its compiled programs through
     the compilation cache; the model, batch, mesh and num_steps (in the schedule) do not."""
-    config = pretrain_config.defaults()
+    config = pretrain_config.defaults("tiny")
     config.quiet = True
     m = config.model
-    m.size, m.num_hidden_layers, m.hidden_size = "tiny", 1, 36
+    m.num_hidden_layers, m.hidden_size = 1, 36
     m.num_attention_heads, m.intermediate_size = 2, 38
     d = config.data
     d.max_seq_length, d.max_predictions_per_seq = 13, 3

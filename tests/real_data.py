@@ -24,7 +24,7 @@ import zipfile
 import numpy as np
 
 from bertjax.data.corpus import split_sentences
-from bertjax.data.squad import SquadExample
+from bertjax.tasks.squad_inputs import SquadExample
 from task_data import austen_paragraphs
 
 CACHE = os.environ.get("BERTJAX_TEST_DATA",

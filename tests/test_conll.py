@@ -5,7 +5,7 @@ import logging
 import numpy as np
 import pytest
 
-from bertjax.data.conll import (TaggedSentence, read_conll, tag_vocab, tagging_features,
+from bertjax.tasks.tagging import (TaggedSentence, read_conll, tag_vocab, tagging_features,
                                 word_predictions)
 from task_data import wordpiece
 

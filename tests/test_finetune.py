@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 import real_data
+from bertjax.data.tokenizers import load_tokenizer
 from bertjax.training import checkpoints, finetune, pretrain_config
-from bertjax.training.task_predict import TaskPredictor
+from bertjax.training.inference import TaskPredictor
 from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
                               tiny_pretraining_params, tiny_pretraining_workdir)
 
@@ -109,12 +110,12 @@ def test_sharded_run_matches_single_device(tmp_path, tiny_dir, files, straight_r
 def test_encoder_from_a_pretraining_workdir_and_truncated(tmp_path):
     workdir = tiny_pretraining_workdir(tmp_path / "pretrain", seed=3)
     params = tiny_pretraining_params(seed=3)
-    shard_dir = tmp_path / "pretrain-shards"
-    base, tokenizer_path = finetune.checkpoint_config(str(workdir))
-    assert base.to_dict() == TINY.to_dict() and tokenizer_path == str(shard_dir)
+    source = checkpoints.open_model(str(workdir))
+    assert source.config.to_dict() == TINY.to_dict()
+    assert load_tokenizer(source.tokenizer_dir).vocab_size == TINY.vocab_size
     from bertjax.training import sharding
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    bert = finetune.load_encoder(str(workdir), base, 1, mesh, pretrain_config.DEFAULT_RULES)
+    bert = finetune.load_encoder(source, 1, mesh, pretrain_config.DEFAULT_RULES)
     assert sorted(bert["encoder"]) == ["layer_0"]
     for a, b in zip(jax.tree.leaves(bert["encoder"]["layer_0"]),
                     jax.tree.leaves(params["bert"]["encoder"]["layer_0"])):
@@ -153,8 +154,8 @@ def test_clear_errors(tmp_path, tiny_dir, files):
                                          "train.global_batch_size 128"):
         finetune.finetune(config, str(tmp_path / "d"))
     config = _config(tiny_dir, files)
-    config.model.num_hidden_layers = 5
-    with pytest.raises(ValueError, match="model.num_hidden_layers 5: the checkpoint has 2"):
+    config.model.keep_layers = 5
+    with pytest.raises(ValueError, match="model.keep_layers 5: the checkpoint has 2"):
         finetune.finetune(config, str(tmp_path / "e"))
     with pytest.raises(ValueError, match="task.best_metric 'loss': for classification expected "
                                          "one of accuracy, macro_f1, mcc, f1"):

@@ -10,8 +10,7 @@ import pytest
 
 import real_data
 from bertjax import main
-from bertjax.predict import model_directory
-from bertjax.training.task_predict import TaskPredictor
+from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
@@ -36,7 +35,7 @@ def write_task_file(path: str, config, start: int) -> str:
         return path
     if task.type == "squad":
         return real_data.write_squad(path, real_data.austen_questions()[start:start + 48])
-    columns = task.text_columns.split(",")
+    columns = list(task.text_columns)
     labels = ([len(t) / 20 for t in texts] if task.type == "regression"
               else ["long" if len(t) > 50 else "short" for t in texts])
     rows = [(*[texts[(i + k) % len(texts)] for k in range(len(columns))], label)
@@ -45,11 +44,11 @@ def write_task_file(path: str, config, start: int) -> str:
 
 
 def predict_one(predictor: TaskPredictor) -> dict:
-    if predictor.task.type == "squad":
-        examples = predictor.examples_from_texts(["Which person is named in this passage?"],
-                                                 "Emma walked to Highbury with Harriet.")
+    if predictor.task.name == "squad":
+        examples = predictor.task.examples_from_texts(
+            ["Which person is named in this passage?"], "Emma walked to Highbury with Harriet.")
     else:
-        examples = predictor.examples_from_texts(["Emma walked to Highbury\tShe was happy."])
+        examples = predictor.task.examples_from_texts(["Emma walked to Highbury\tShe was happy."])
     (record,) = predictor.predict(examples)
     return record
 
@@ -70,24 +69,25 @@ def test_docstring_command_runs_and_predicts(name, source, checkpoints, tmp_path
     assert commands, f"configs/finetune/{name}.py: no command that runs on files"
     for n, args in enumerate(commands):
         config, _ = parse(args)
-        files = {}
-        for key in ("train_file", "eval_files"):
-            names = [os.path.basename(p) for p in config.task[key].split(",")]
-            assert all(names), f"{name}.py command {n}: no --config.task.{key}"
-            files[key] = ",".join(
-                write_task_file(str(tmp_path / f"{n}-{i}-{base}"), config, 60 * i + 200 * n)
-                for i, base in enumerate(names, 1 if key == "eval_files" else 0))
+        train_name = os.path.basename(config.task.train_file)
+        eval_names = [os.path.basename(p) for p in config.task.eval_files]
+        assert train_name and eval_names, f"{name}.py command {n}: no train or eval files"
+        train = write_task_file(str(tmp_path / f"{n}-0-{train_name}"), config, 200 * n)
+        evals = [write_task_file(str(tmp_path / f"{n}-{i}-{base}"), config, 60 * i + 200 * n)
+                 for i, base in enumerate(eval_names, 1)]
+        kept = [a for a in args
+                if not a.startswith(("--config.task.train_file=", "--config.task.eval_files="))]
         workdir = tmp_path / f"run{n}"
         config, _ = parse([
-            *args, f"--workdir={workdir}", f"--config.init_checkpoint={checkpoints[source]}",
-            f"--config.task.train_file={files['train_file']}",
-            f"--config.task.eval_files={files['eval_files']}", *SHRINK])
+            *kept, f"--workdir={workdir}", f"--config.init_checkpoint={checkpoints[source]}",
+            f"--config.task.train_file={train}",
+            *(f"--config.task.eval_files={path}" for path in evals), *SHRINK])
         main.run_mode(config, str(workdir))
 
         results = json.loads((workdir / "eval_results.json").read_text())
-        assert len(results["sets"]) == len(files["eval_files"].split(","))
+        assert len(results["sets"]) == len(evals)
         for metrics in (s["final"]["metrics"] for s in results["sets"].values()):
             assert metrics and all(np.isfinite(v) for v in metrics.values()
                                    if isinstance(v, float)), metrics
-        record = predict_one(TaskPredictor(model_directory(str(workdir))))
+        record = predict_one(TaskPredictor(str(workdir)))
         assert "prediction" in record or "predictions" in record, record

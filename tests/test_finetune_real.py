@@ -27,7 +27,7 @@ def minilm(tmp_path_factory):
 
 def _run(minilm, workdir, layers, **task):
     config = tiny_config(minilm, **task)
-    config.model.num_hidden_layers = layers
+    config.model.keep_layers = layers
     config.train.num_epochs = 1.0
     config.train.log_every = 10
     return config

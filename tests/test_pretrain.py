@@ -14,7 +14,7 @@ import pytest
 
 import pretrain_helpers as ph
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import checkpoints, pretrain
+from bertjax.training import checkpoints, pretrain, trainer
 
 
 def records(workdir):
@@ -84,7 +84,7 @@ def test_checkpoints_of_another_model_size_fail_clearly(tmp_path):
                        r"\(another model size or architecture\?\).*\(36,\), model \(40,\)"):
         pretrain.train(bigger, str(tmp_path / "run"), ph.synthetic_data(bigger))
     bigger.init_checkpoint = str(tmp_path / "run")
-    with pytest.raises(ValueError, match="init_checkpoint .* does not match the model"):
+    with pytest.raises(ValueError, match="run: checkpoint .* does not match the model"):
         pretrain.train(bigger, str(tmp_path / "bigger"), ph.synthetic_data(bigger))
     bigger.init_checkpoint = str(tmp_path / "run" / "model")
     with pytest.raises(ValueError, match="params does not match the model"):
@@ -94,7 +94,7 @@ def test_checkpoints_of_another_model_size_fail_clearly(tmp_path):
     abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
                             out["state"].params)
     for source in ("run", "run/model"):
-        loaded = checkpoints.load_initial_params(str(tmp_path / source), abstract)
+        loaded = checkpoints.open_model(str(tmp_path / source)).load_params(abstract)
         jax.tree.map(np.testing.assert_array_equal, loaded, out["state"].params)
     # ... and a run started from them has a fresh step count and schedule but trained weights.
     config.init_checkpoint = str(tmp_path / "run")
@@ -114,9 +114,10 @@ def test_bfloat16_compute_keeps_float32_parameters_and_losses():
         lambda: model.init(jax.random.PRNGKey(0), ids, ids, ids, batch["masked_lm_positions"]))
         ["params"])
     tx = optax.adamw(1e-3)
-    state = pretrain.TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
-                                jax.eval_shape(tx.init, params))
-    step = pretrain.make_train_step(model, tx, lambda s: 1e-3, grad_accum_steps=1, nsp=True)
+    state = trainer.TrainState(jax.ShapeDtypeStruct((), jnp.int32), params,
+                               jax.eval_shape(tx.init, params))
+    step = trainer.make_train_step(pretrain.objective(model, nsp=True), tx, lambda s: 1e-3,
+                                   grad_accum_steps=1)
     new_state, metrics = jax.eval_shape(step, state, batch, jax.random.PRNGKey(1))
     assert {x.dtype for x in jax.tree.leaves(new_state.params)} == {jnp.dtype("float32")}
     assert {x.dtype for x in jax.tree.leaves(new_state.opt_state)} <= {

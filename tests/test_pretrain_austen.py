@@ -19,7 +19,7 @@ import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
 import pretrain_helpers as ph
-from bertjax import predict
+from bertjax.training import inference
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation, shards
 from bertjax.training import pretrain
@@ -144,7 +144,7 @@ def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, refer
 def test_fill_mask_reads_the_exported_model(reference_run):
     workdir, data = reference_run
     text = "It is a truth universally [MASK] that a single man must be in want of a [MASK]."
-    (masks,) = predict.fill_mask(workdir, [text], top_k=4)  # a workdir stands for its model
+    (masks,) = inference.fill_mask(workdir, [text], top_k=4)  # a workdir stands for its model
     assert len(masks) == 2
     for candidates in masks:
         tokens, probs = zip(*candidates)
@@ -152,4 +152,4 @@ def test_fill_mask_reads_the_exported_model(reference_run):
         assert list(probs) == sorted(probs, reverse=True) and sum(probs) <= 1.0 + 1e-6
         assert probs[0] > 10 / data.vocab_size  # a trained, peaked distribution
     with pytest.raises(ValueError, match=r"has no \[MASK\] to fill"):
-        predict.fill_mask(workdir, ["No blank here."], top_k=4)
+        inference.fill_mask(workdir, ["No blank here."], top_k=4)

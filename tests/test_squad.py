@@ -6,9 +6,9 @@ import logging
 import numpy as np
 import pytest
 
-from bertjax.data.spans import best_answers
-from bertjax.data.squad import SquadExample, context_words, read_squad, squad_features
-from bertjax.training.task_metrics import squad_scores
+from bertjax.tasks.spans import best_answers
+from bertjax.tasks.squad_inputs import SquadExample, context_words, read_squad, squad_features
+from bertjax.tasks.metrics import squad_scores
 from task_data import austen_paragraphs, wordpiece
 
 

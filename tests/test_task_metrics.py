@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from bertjax.data import tagging
-from bertjax.training import task_metrics as tm
+from bertjax.tasks import tag_schemes as tagging
+from bertjax.tasks import metrics as tm
 
 
 def test_classification_metrics_hand_checked():

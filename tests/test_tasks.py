@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from transformers import BertTokenizerFast
 
-from bertjax.data.features import LabelVocab
-from bertjax.data.tasks import classification_features, read_table, read_tfds
+from bertjax.tasks.features import LabelVocab
+from bertjax.tasks.classify import classification_features, read_table, read_tfds
+from bertjax.tasks.squad import Squad
 from task_data import MINILM_DIR, wordpiece
 
 
@@ -104,7 +105,7 @@ def test_features_match_transformers_bert_encoding(tmp_path, tokenizer):
 
 
 def test_truncation_takes_from_the_longer_text(tokenizer):
-    from bertjax.data.tasks import TextExample
+    from bertjax.tasks.classify import TextExample
     long_a = " ".join(["alpha"] * 20)
     features = classification_features(
         [TextExample("x", long_a, "beta gamma"), TextExample("y", long_a)], tokenizer, 10)
@@ -117,7 +118,7 @@ def test_truncation_takes_from_the_longer_text(tokenizer):
 
 
 def test_regression_labels_are_float(tokenizer):
-    from bertjax.data.tasks import TextExample
+    from bertjax.tasks.classify import TextExample
     features = classification_features([TextExample("x", "a", "b", 3.8)], tokenizer, 8,
                                        regression=True)
     assert features.arrays["label"].dtype == np.float32
@@ -129,7 +130,7 @@ def test_tfds_by_name_with_mocked_data_and_clear_error_when_missing(tmp_path):
     with tfds.testing.mock_data(num_examples=4):
         sst2 = read_tfds("glue/sst2", "train")
         stsb = read_tfds("glue/stsb", "validation")
-        squad = read_tfds("squad/v2.0", "train")
+        squad = Squad(None).read_tfds("squad/v2.0", "train", None)
     assert len(sst2) == 4 and {e.label for e in sst2} <= {"negative", "positive"}
     assert all(isinstance(e.label, float) and e.text_b is not None for e in stsb)
     assert len(squad) == 4 and all(e.context for e in squad)

@@ -25,11 +25,13 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr)
 
 
-def read_bertjax(directory: str) -> Converted:
-    config, params = checkpoints.load_model(directory)
+def read_bertjax(path: str) -> Converted:
+    """A model directory, or a workdir that holds a model (see `checkpoints.open_model`)."""
+    source = checkpoints.open_model(path)
+    params = source.load_params()
     if set(params) == {"params"}:  # a tree saved with its Flax collection name
         params = params["params"]
-    return Converted(config, params, [], files.tokenizer_files(directory))
+    return Converted(source.config, params, [], files.tokenizer_files(source.tokenizer_dir))
 
 
 def write_bertjax(directory: str, converted: Converted, overwrite: bool = False,

@@ -13,7 +13,7 @@ size streams through in the memory of one document. Formats:
 
 In `jsonl` and `tfds` text every newline is a hard break (their text fields hold paragraphs,
 not wrapped lines), and the pieces are split into sentences by `split_sentences`.
-Local paths use plain file access; `gs://`-style paths go through `tf.io.gfile`.
+Paths may be local or remote (gs://): files are read through `bertjax.files`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import json
 import os
 import re
 from typing import Callable, Iterable, Iterator
+
+from bertjax import files
 
 FORMATS = ("auto", "bert", "text", "austen", "jsonl", "tfds")
 
@@ -106,10 +108,6 @@ def _ends_sentence(text: str, term_start: int, terminator: str, end: int) -> boo
 # Files
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def expand_paths(spec: str | Iterable[str]) -> list[str]:
     """Comma-separated paths or glob patterns -> sorted existing, non-empty files.
 
@@ -122,37 +120,22 @@ def expand_paths(spec: str | Iterable[str]) -> list[str]:
         raise ValueError("no input given: expected a file, a comma-separated list or a glob")
     paths = []
     for pattern in patterns:
-        matches = sorted(_glob(pattern))
+        matches = files.glob(pattern)
         if not matches:
             raise FileNotFoundError(f"input {pattern!r}: no such file (or no file matches "
                                     "the pattern)")
         paths.extend(matches)
     for path in paths:
-        if _size(path) == 0:
+        if files.size(path) == 0:
             raise ValueError(f"input file {path!r} is empty")
     return paths
-
-
-def _glob(pattern: str) -> list[str]:
-    if _is_remote(pattern):
-        import tensorflow as tf  # only for remote storage: keeps local reading light
-        return [p for p in tf.io.gfile.glob(pattern) if not tf.io.gfile.isdir(p)]
-    import glob
-    return [p for p in glob.glob(os.path.expanduser(pattern)) if os.path.isfile(p)]
-
-
-def _size(path: str) -> int:
-    if _is_remote(path):
-        import tensorflow as tf
-        return tf.io.gfile.stat(path).length
-    return os.path.getsize(path)
 
 
 class _Progress:
     """Bytes read so far over a list of files, for an ETA."""
 
     def __init__(self, paths: list[str]):
-        self.total = sum(_size(p) for p in paths)
+        self.total = sum(files.size(p) for p in paths)
         self.done = 0
         self.file: io.IOBase | None = None  # the file being read
 
@@ -163,12 +146,7 @@ class _Progress:
 
 def _open_lines(path: str, progress: _Progress | None = None) -> Iterator[str]:
     """Yields the text lines of a (possibly gzip-compressed) UTF-8 file, without newlines."""
-    if _is_remote(path):
-        import tensorflow as tf
-        raw = tf.io.gfile.GFile(path, "rb")
-    else:
-        raw = open(path, "rb")
-    with raw:
+    with files.open_binary(path) as raw:
         if progress is not None:
             progress.file = raw
         binary = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
@@ -181,7 +159,7 @@ def _open_lines(path: str, progress: _Progress | None = None) -> Iterator[str]:
         except (gzip.BadGzipFile, EOFError) as e:
             raise ValueError(f"input file {path!r} is not a valid gzip file: {e}") from None
     if progress is not None:
-        progress.done += _size(path)
+        progress.done += files.size(path)
         progress.file = None
 
 
@@ -410,7 +388,7 @@ class Corpus:
             source["split"] = self.tfds_split
         else:
             source["files"] = [os.path.basename(p) for p in self.paths]
-            source["bytes"] = sum(_size(p) for p in self.paths)
+            source["bytes"] = sum(files.size(p) for p in self.paths)
         return source
 
     def fraction(self) -> float | None:

@@ -25,6 +25,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
+from bertjax import files
 from bertjax.data import shards
 
 _READ_BATCH = 256
@@ -56,7 +57,7 @@ def host_shard_paths(shard_dir: str, process_index: int, process_count: int) -> 
     if not 0 <= process_index < process_count:
         raise ValueError(
             f"process_index={process_index} is not in [0, process_count={process_count})")
-    if not tf.io.gfile.isdir(shard_dir):
+    if not files.path(shard_dir).is_dir():
         raise FileNotFoundError(f"shard directory {shard_dir!r} does not exist "
                                 "(run `python -m bertjax.prepare` to create it)")
     paths = shards.shard_paths(shard_dir)

@@ -3,7 +3,8 @@
 The work behind `python -m bertjax.prepare`. Sentence splitting and tokenization run in worker
 processes over chunks of documents, in order and with a bounded number of chunks in flight,
 so the output is the same for any worker count and memory does not grow with the corpus. The
-result is written to a staging directory and moved into place when complete.
+result is written to a staging directory and published when complete (renamed into place
+locally; for a gs:// output, staged on the local disk and copied up, the manifest last).
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import collections
 import functools
 import multiprocessing
 import os
-import shutil
 import sys
 import time
-import uuid
 from typing import Callable, Iterable, Iterator
 
+from bertjax import files
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import tokenizers
 
@@ -166,22 +166,18 @@ class Progress:
 # Output directory
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
 def _check_output(output: str, settings: dict, overwrite: bool) -> dict | None:
     """The manifest already in `output` if it holds this same corpus, else None when we may
     write there; an error when it holds something else."""
-    tf = _tf()
     from bertjax.data import shards
 
-    if not tf.io.gfile.exists(output):
+    out = files.path(output)
+    if not out.exists():
         return None
-    if not tf.io.gfile.isdir(output):
+    if not out.is_dir():
         raise FileExistsError(f"--output {output!r} is a file, expected a directory")
-    if not tf.io.gfile.exists(os.path.join(output, shards.MANIFEST)):
-        if tf.io.gfile.listdir(output):
+    if not (out / shards.MANIFEST).exists():
+        if any(out.iterdir()):
             raise FileExistsError(
                 f"--output {output!r} is not empty and holds no prepared corpus; refusing to "
                 "write into it (choose a new or empty directory)")
@@ -200,34 +196,6 @@ def _check_output(output: str, settings: dict, overwrite: bool) -> dict | None:
         f"{', '.join(differing)}); pass --overwrite to replace it")
 
 
-def _publish(staging: str, output: str) -> None:
-    """Moves the complete staging directory to `output`, replacing what was there."""
-    tf = _tf()
-    from bertjax.data import shards
-
-    if not _is_remote(output):
-        trash = None
-        if os.path.exists(output):
-            trash = f"{output}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(output, trash)
-        os.rename(staging, output)
-        if trash:
-            shutil.rmtree(trash)
-        return
-    # Object stores cannot rename directories: copy file by file, the manifest last, so readers
-    # never see the new corpus before it is complete.
-    tf.io.gfile.makedirs(output)
-    old_manifest = os.path.join(output, shards.MANIFEST)
-    if tf.io.gfile.exists(old_manifest):
-        tf.io.gfile.remove(old_manifest)
-    for name in tf.io.gfile.listdir(output):
-        tf.io.gfile.remove(os.path.join(output, name))
-    names = sorted(tf.io.gfile.listdir(staging), key=lambda n: n == shards.MANIFEST)
-    for name in names:
-        tf.io.gfile.copy(os.path.join(staging, name), os.path.join(output, name), overwrite=True)
-    tf.io.gfile.rmtree(staging)
-
-
 # ---------------------------------------------------------------------------------------------
 # The whole run
 
@@ -242,7 +210,7 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
     `tokenizer` is a tokenizer path for `load_tokenizer`, or "train" for a SentencePiece model
     of `vocab_size` trained on the corpus. `lowercase` None takes the tokenizer's own setting.
     """
-    tf = _tf()
+    _tf()
     from bertjax.data import shards
 
     if num_shards < 1:
@@ -251,7 +219,7 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
         raise ValueError(f"--vocab_size={vocab_size}: expected at least 16")
     output, tokenizer = os.fspath(output).rstrip("/"), os.fspath(tokenizer)
     source = corpus.describe()
-    if tokenizer != "train" and not _is_remote(tokenizer):
+    if tokenizer != "train" and not files.is_remote(tokenizer):
         tokenizer = os.path.abspath(tokenizer)
     settings = {"tokenizer": tokenizer,
                 "vocab_size": vocab_size if tokenizer == "train" else None,
@@ -264,9 +232,8 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
                   "nothing to do (--overwrite to prepare it again)", file=sys.stderr)
         return existing
 
-    staging = f"{output}.tmp-{uuid.uuid4().hex[:8]}"
-    tf.io.gfile.makedirs(staging)
-    try:
+    with files.staged_directory(output, shards.MANIFEST) as stage:
+        staging = os.fspath(stage)
         tok = _make_tokenizer(corpus, staging, tokenizer, vocab_size, lowercase, num_workers,
                               spm_sample_sentences, quiet)
         progress = Progress("tokenizing", corpus.fraction, quiet)
@@ -292,11 +259,6 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
                         split_documents=counter["split_documents"],
                         created_by="bertjax.prepare")
         shards.write_manifest(staging, manifest)
-        _publish(staging, output)
-    except BaseException:
-        if tf.io.gfile.exists(staging):
-            tf.io.gfile.rmtree(staging)
-        raise
     return shards.read_manifest(output)
 
 

@@ -7,18 +7,20 @@ A shard directory holds TFRecord files of `tf.train.Example`s, one per document,
   sentence_lengths  int64 list: tokens per sentence (sums to len(token_ids))
 
 Files are written under a temporary name and renamed when complete, and the manifest appears
-only after every shard is in place, so a reader never sees a half-written directory. All file
-access goes through `tf.io.gfile`, so `gs://` paths work as local ones do.
+only after every shard is in place, so a reader never sees a half-written directory. Files
+are reached through `bertjax.files` (and TFRecords through tf.io, which reads the same
+gs:// paths), so remote paths work as local ones do.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from typing import Iterable, Sequence
 
 import tensorflow as tf
+
+from bertjax import files
 
 MANIFEST = "manifest.json"
 FORMAT = "bertjax-documents-v1"
@@ -69,32 +71,26 @@ class AtomicShardWriter:
 
     def close(self) -> None:
         self._writer.close()
-        tf.io.gfile.rename(self._tmp, self.path, overwrite=True)
+        files.path(self._tmp).replace(files.path(self.path))
 
     def abort(self) -> None:
         self._writer.close()
-        if tf.io.gfile.exists(self._tmp):
-            tf.io.gfile.remove(self._tmp)
+        files.remove_tree(self._tmp)
 
 
 def write_manifest(directory: str, manifest: dict) -> None:
     """Writes the manifest atomically; it names the shards and marks the directory complete."""
-    manifest = {"format": FORMAT, **manifest}
-    path = os.path.join(directory, MANIFEST)
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    tf.io.gfile.rename(tmp, path, overwrite=True)
+    files.write_json(os.path.join(directory, MANIFEST), {"format": FORMAT, **manifest},
+                     indent=2, sort_keys=True)
 
 
 def read_manifest(directory: str) -> dict:
     path = os.path.join(directory, MANIFEST)
-    if not tf.io.gfile.exists(path):
+    if not files.path(path).exists():
         raise FileNotFoundError(
             f"{path} not found: {directory!r} is not a prepared shard directory "
             "(run `python -m bertjax.prepare` first, and let it finish)")
-    with tf.io.gfile.GFile(path) as f:
-        manifest = json.load(f)
+    manifest = files.read_json(path)
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
     return manifest
@@ -104,7 +100,7 @@ def shard_paths(directory: str) -> list[str]:
     """The shard files a complete directory's manifest names, checked to exist."""
     manifest = read_manifest(directory)
     paths = [os.path.join(directory, name) for name in manifest["shards"]]
-    missing = [p for p in paths if not tf.io.gfile.exists(p)]
+    missing = [p for p in paths if not files.path(p).exists()]
     if missing:
         raise FileNotFoundError(f"{directory}: manifest names missing shard files: {missing[:3]}")
     return paths
@@ -116,7 +112,7 @@ def write_documents(directory: str, documents: Iterable[Document], num_shards: i
 
     Returns the manifest. Memory stays bounded by one document whatever the corpus size.
     """
-    tf.io.gfile.makedirs(directory)
+    files.makedirs(directory)
     names = [shard_name(i, num_shards) for i in range(num_shards)]
     writers = [AtomicShardWriter(os.path.join(directory, n)) for n in names]
     counts = {"documents": 0, "sentences": 0, "tokens": 0}

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import abc
 import io
-import json
 import os
 import random
 import re
 import sys
 import unicodedata
-import uuid
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from bertjax import files
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
@@ -104,56 +104,6 @@ class Tokenizer(abc.ABC):
         return token_id
 
 
-# ---------------------------------------------------------------------------------------------
-# Files (local, or remote through tf.io.gfile)
-
-
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def _read_bytes(path: str) -> bytes:
-    if _is_remote(path):
-        import tensorflow as tf  # only for remote storage
-        with tf.io.gfile.GFile(path, "rb") as f:
-            return f.read()
-    with open(path, "rb") as f:
-        return f.read()
-
-
-def _exists(path: str) -> bool:
-    if _is_remote(path):
-        import tensorflow as tf
-        return tf.io.gfile.exists(path)
-    return os.path.exists(path)
-
-
-def _isdir(path: str) -> bool:
-    if _is_remote(path):
-        import tensorflow as tf
-        return tf.io.gfile.isdir(path)
-    return os.path.isdir(path)
-
-
-def atomic_write(path: str, data: bytes) -> None:
-    """Writes `data` under a temporary name, then renames it to `path`."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    if _is_remote(path):
-        import tensorflow as tf
-        with tf.io.gfile.GFile(tmp, "wb") as f:
-            f.write(data)
-        tf.io.gfile.rename(tmp, path, overwrite=True)
-        return
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def _require_specials(tokenizer: Tokenizer, path: str) -> None:
     missing = [t for t in SPECIAL_TOKENS if tokenizer.token_to_id(t) is None]
     if missing:
@@ -210,11 +160,9 @@ class WordPieceTokenizer(Tokenizer):
 
         self.path = vocab_file = os.fspath(vocab_file)
         try:
-            text = _read_bytes(vocab_file).decode("utf-8")
+            text = files.read_text(vocab_file)
         except FileNotFoundError:
             raise FileNotFoundError(f"WordPiece vocabulary {vocab_file!r} not found") from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"WordPiece vocabulary {vocab_file!r} is not UTF-8: {e}") from None
         # One token per line, id = line number, as transformers' load_vocab reads it.
         self._tokens = text.split("\n")
         if self._tokens and self._tokens[-1] == "":
@@ -272,11 +220,11 @@ class WordPieceTokenizer(Tokenizer):
         directory = os.fspath(directory)
         vocab_path = os.path.join(directory, WORDPIECE_VOCAB)
         config_path = os.path.join(directory, WORDPIECE_CONFIG)
-        atomic_write(vocab_path, ("\n".join(self._tokens) + "\n").encode("utf-8"))
+        files.write_text(vocab_path, "\n".join(self._tokens) + "\n")
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
                   "strip_accents": self.strip_accents,
                   "tokenize_chinese_chars": self.handle_chinese_chars}
-        atomic_write(config_path, (json.dumps(config, indent=2) + "\n").encode("utf-8"))
+        files.write_json(config_path, config, indent=2)
         return [vocab_path, config_path]
 
 
@@ -312,7 +260,7 @@ class SentencePieceTokenizer(Tokenizer):
         self.path = model_file = os.fspath(model_file)
         if _model_proto is None:
             try:
-                _model_proto = _read_bytes(model_file)
+                _model_proto = files.read_bytes(model_file)
             except FileNotFoundError:
                 raise FileNotFoundError(
                     f"SentencePiece model {model_file!r} not found") from None
@@ -375,9 +323,9 @@ class SentencePieceTokenizer(Tokenizer):
         directory = os.fspath(directory)
         model_path = os.path.join(directory, SENTENCEPIECE_MODEL)
         vocab_path = os.path.join(directory, SENTENCEPIECE_VOCAB)
-        atomic_write(model_path, self._sp.serialized_model_proto())
+        files.write_bytes(model_path, self._sp.serialized_model_proto())
         vocab = "".join(f"{p.piece}\t{p.score:g}\n" for p in self._proto.pieces)
-        atomic_write(vocab_path, vocab.encode("utf-8"))
+        files.write_text(vocab_path, vocab)
         return [model_path, vocab_path]
 
 
@@ -440,15 +388,15 @@ def load_tokenizer(path: str) -> Tokenizer:
     tokenizer_config.json beside the vocab.txt; without one the vocabulary is taken as uncased.
     """
     path = os.fspath(path)
-    if _isdir(path):
+    if files.path(path).is_dir():
         candidates = [os.path.join(path, n) for n in (WORDPIECE_VOCAB, SENTENCEPIECE_MODEL)]
-        found = [c for c in candidates if _exists(c)]
+        found = [c for c in candidates if files.path(c).exists()]
         if len(found) != 1:
             what = "both" if found else "neither"
             raise FileNotFoundError(f"tokenizer directory {path!r} holds {what} of "
                                     f"{WORDPIECE_VOCAB} and {SENTENCEPIECE_MODEL}; expected one")
         path = found[0]
-    if not _exists(path):
+    if not files.path(path).exists():
         raise FileNotFoundError(f"tokenizer {path!r} not found: expected a vocab.txt, a "
                                 "SentencePiece .model, or a directory holding one")
     if path.endswith(".model"):
@@ -456,11 +404,8 @@ def load_tokenizer(path: str) -> Tokenizer:
     if path.endswith(".txt"):
         config_path = os.path.join(os.path.dirname(path), WORDPIECE_CONFIG)
         config = {}
-        if _exists(config_path):
-            try:
-                config = json.loads(_read_bytes(config_path))
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{config_path}: not valid JSON ({e.msg})") from None
+        if files.path(config_path).exists():
+            config = files.read_json(config_path)
         lowercase = config.get("do_lower_case", True)
         return WordPieceTokenizer(path, lowercase=lowercase,
                                   strip_accents=config.get("strip_accents"),

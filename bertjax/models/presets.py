@@ -14,11 +14,15 @@ SIZES = {
 }
 
 
-def preset(name: str, **overrides) -> BertConfig:
-    """The BertConfig of a named size; `overrides` replace any field (e.g. vocab_size)."""
+def sizes(name: str) -> dict[str, int]:
+    """The size fields of a named preset, in BertConfig's names."""
     if name not in SIZES:
         raise ValueError(f"unknown model size {name!r}: expected one of {', '.join(SIZES)}")
     layers, hidden = SIZES[name]
-    fields = dict(num_hidden_layers=layers, hidden_size=hidden,
-                  num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
-    return BertConfig(**{**fields, **overrides})
+    return dict(num_hidden_layers=layers, hidden_size=hidden,
+                num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
+
+
+def preset(name: str, **overrides) -> BertConfig:
+    """The BertConfig of a named size; `overrides` replace any field (e.g. vocab_size)."""
+    return BertConfig(**{**sizes(name), **overrides})

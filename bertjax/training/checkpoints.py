@@ -10,15 +10,21 @@ fine-tuning start from:
 It is written so that a crash never leaves a half-written directory that reads as a model
 (see `save_model`). Paths may be local or remote (gs://), as everywhere in Orbax.
 
-A *run* (pretraining workdir) keeps Orbax checkpoints under WORKDIR/checkpoints/<step>/ with
+A *run* (a training workdir) keeps Orbax checkpoints under WORKDIR/checkpoints/<step>/ with
 the items `params`, `opt_state`, `progress` (step and RNG, arrays) and `host` (JSON: the data
 position and whatever else the loop needs to continue exactly). `RunCheckpoints` saves them
 asynchronously, keeps the newest N, and turns SIGTERM (preemption) into a save at the next
-step boundary.
+step boundary. A pretraining run also keeps WORKDIR/architecture/ (its model config and
+tokenizer), so its latest checkpoint reads as a model before the run has exported one.
+
+`open_model` is the one place that tells what a path given as a model is: a model
+directory, a finished run's workdir (its exported WORKDIR/model), or a pretraining workdir
+(its latest checkpoint).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -30,10 +36,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from bertjax import files
 from bertjax.models.bert import BertConfig
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+MODEL_DIR = "model"  # the model directory a finished run exports into its workdir
+ARCHITECTURE_DIR = "architecture"  # a pretraining workdir's model config and tokenizer
 
 
 def _flat_shapes(tree) -> dict[str, tuple]:
@@ -60,10 +69,7 @@ def _tree_metadata(metadata) -> Any:
     return getattr(metadata, "tree", metadata)
 
 
-def _path(path) -> epath.Path:
-    """An absolute local path, or a remote one (gs://...) as it is."""
-    path = str(path)
-    return epath.Path(path if "://" in path else os.path.abspath(path))
+_path = files.path
 
 
 def save_params(path: str, params: Any) -> None:
@@ -82,9 +88,7 @@ def restore_params(path: str, abstract_params: Any | None = None) -> Any:
     with ocp.StandardCheckpointer() as checkpointer:
         stored = _tree_metadata(checkpointer.metadata(path).item_metadata)
         if abstract_params is None:
-            device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-            abstract_params = jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device), stored)
+            abstract_params = _on_first_device(stored)
         check_same_shapes(abstract_params, stored, str(path))
         return checkpointer.restore(path, abstract_params)
 
@@ -119,8 +123,7 @@ def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
         if primary:
             if tokenizer is not None:
                 tokenizer.save(str(target))
-            (target / CONFIG_FILE).write_text(json.dumps(
-                {"model_type": "bert", **config.to_dict()}, indent=2, sort_keys=True))
+            write_model_config(str(target), config)
             if not remote:
                 if final.exists():
                     final.rmtree()
@@ -133,11 +136,19 @@ def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
     return str(final)
 
 
+def write_model_config(directory: str, config: BertConfig) -> None:
+    files.write_text(_path(directory) / CONFIG_FILE, json.dumps(
+        {"model_type": "bert", **config.to_dict()}, indent=2, sort_keys=True))
+
+
 def load_model_config(directory: str, **overrides) -> BertConfig:
     path = _path(directory) / CONFIG_FILE
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: {directory!r} is not a bertjax model directory")
-    return BertConfig.from_dict(json.loads(path.read_text()), **overrides)
+    try:
+        return BertConfig.from_dict(files.read_json(path), **overrides)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def load_model(directory: str, abstract_params: Any | None = None, **config_overrides):
@@ -224,27 +235,89 @@ class RunCheckpoints:
             self._previous_handler = None
 
 
-def is_run_directory(path: str) -> bool:
-    return (_path(path) / CHECKPOINTS_DIR).is_dir()
+def write_architecture(workdir: str, config: BertConfig, tokenizer=None) -> None:
+    """What makes a pretraining workdir's checkpoints read as a model (process 0 only)."""
+    directory = _path(workdir) / ARCHITECTURE_DIR
+    files.makedirs(directory)
+    if tokenizer is not None:
+        tokenizer.save(str(directory))
+    write_model_config(str(directory), config)
 
 
-def load_initial_params(path: str, abstract_params: Any) -> Any:
-    """Parameters to start from: a model directory (conversion output, an exported run) or
-    another run's workdir (its latest checkpoint), checked against the model's shapes."""
-    path = str(_path(path))
-    if is_run_directory(path):
-        with ocp.CheckpointManager(os.path.join(path, CHECKPOINTS_DIR),
-                                   item_handlers=_item_handlers(),
-                                   options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
-            step = mngr.latest_step()
-            if step is None:
-                raise FileNotFoundError(f"init_checkpoint {path}: the run has no checkpoint yet")
-            where = f"init_checkpoint {os.path.join(path, CHECKPOINTS_DIR, str(step))}"
-            check_same_shapes(abstract_params,
-                              _tree_metadata(mngr.item_metadata(step)["params"]), where)
-            return mngr.restore(step, args=ocp.args.Composite(
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A model's config, tokenizer and parameters, wherever `open_model` found them."""
+
+    path: str  # what was asked for, for messages
+    config: BertConfig
+    tokenizer_dir: str
+    model_dir: str | None  # a model directory (params/, maybe task.json), or
+    run_dir: str | None  # a pretraining workdir whose latest checkpoint holds the params
+
+    def param_metadata(self) -> Any:
+        """The stored parameter tree of ShapeDtypeStruct-like leaves (nothing is read)."""
+        if self.model_dir is not None:
+            with ocp.StandardCheckpointer() as checkpointer:
+                return _tree_metadata(checkpointer.metadata(
+                    _path(self.model_dir) / PARAMS_DIR).item_metadata)
+        with self._run_manager() as manager:
+            return _tree_metadata(manager.item_metadata(self._latest(manager))["params"])
+
+    def load_params(self, abstract_params: Any | None = None) -> Any:
+        """The parameters, checked against and placed as `abstract_params` (if given)."""
+        if self.model_dir is not None:
+            return restore_params(str(_path(self.model_dir) / PARAMS_DIR), abstract_params)
+        with self._run_manager() as manager:
+            step = self._latest(manager)
+            if abstract_params is None:
+                abstract_params = _on_first_device(
+                    _tree_metadata(manager.item_metadata(step)["params"]))
+            where = f"{self.path}: checkpoint {os.path.join(self.run_dir, CHECKPOINTS_DIR, str(step))}"
+            check_same_shapes(abstract_params, _tree_metadata(manager.item_metadata(step)["params"]),
+                              where)
+            return manager.restore(step, args=ocp.args.Composite(
                 params=ocp.args.StandardRestore(abstract_params)))["params"]
-    if (_path(path) / CONFIG_FILE).exists():
-        return restore_params(os.path.join(path, PARAMS_DIR), abstract_params)
-    raise FileNotFoundError(f"init_checkpoint {path}: neither a model directory (with "
-                            f"{CONFIG_FILE}) nor a pretraining workdir (with {CHECKPOINTS_DIR}/)")
+
+    def _run_manager(self):
+        return ocp.CheckpointManager(os.path.join(self.run_dir, CHECKPOINTS_DIR),
+                                     item_handlers=_item_handlers(),
+                                     options=ocp.CheckpointManagerOptions(read_only=True))
+
+    def _latest(self, manager) -> int:
+        step = manager.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{self.path}: the pretraining run has no checkpoint yet")
+        return step
+
+
+def open_model(path: str, tokenizer: str = "") -> ModelSource:
+    """What `path` holds as a model: a model directory (conversion output, an export), a
+    finished run's workdir (its WORKDIR/model), or a pretraining workdir (its latest
+    checkpoint, even mid-run). `tokenizer` overrides where the tokenizer is read from."""
+    if not path:
+        raise ValueError("no model given: expected a model directory (python -m bertjax.convert "
+                         "output, a run's WORKDIR/model) or a pretraining workdir")
+    p = _path(path)
+    run = p / ARCHITECTURE_DIR
+    if (p / CONFIG_FILE).exists():
+        model_dir, run_dir, described = str(p), None, str(p)
+    elif (run / CONFIG_FILE).exists() and (p / CHECKPOINTS_DIR).is_dir():
+        model_dir, run_dir, described = None, str(p), str(run)
+    elif (p / MODEL_DIR / CONFIG_FILE).exists():
+        model_dir, run_dir, described = str(p / MODEL_DIR), None, str(p / MODEL_DIR)
+    elif not p.exists():
+        raise FileNotFoundError(f"{path}: no such model directory or workdir")
+    else:
+        raise FileNotFoundError(
+            f"{path}: neither a model directory (with {CONFIG_FILE}) nor a workdir with an "
+            f"exported model ({MODEL_DIR}/{CONFIG_FILE}) or pretraining checkpoints "
+            f"({CHECKPOINTS_DIR}/ and {ARCHITECTURE_DIR}/)")
+    return ModelSource(path=path, config=load_model_config(described),
+                       tokenizer_dir=tokenizer or described, model_dir=model_dir,
+                       run_dir=run_dir)
+
+
+def _on_first_device(metadata: Any) -> Any:
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                        metadata)

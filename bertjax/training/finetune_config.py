@@ -3,16 +3,20 @@
 Defaults are the original BERT fine-tuning recipe: the pretraining optimizer (AdamW without
 bias correction, weight decay 0.01 off LayerNorm and biases, clip 1.0) at lr 5e-5 with 10%
 linear warmup then linear decay, batch 32, 3 epochs, dropout 0.1. The loader
-(`config_flags`, `lock_config=True`) rejects keys not listed here.
+(`config_flags`, `lock_config=True`) rejects keys not listed here; `validate` checks the
+values before anything runs. Lists (files, columns, splits) are tuples: on the command line,
+repeat the flag (`--config.task.eval_files=dev.tsv --config.task.eval_files=test.tsv`) or
+write a tuple (`--config.task.text_columns="('#1 String', '#2 String')"`).
 """
 
 from __future__ import annotations
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
-from bertjax.training.pretrain_config import DEFAULT_RULES
-
-TASK_TYPES = ("classification", "regression", "tagging", "squad")
+from bertjax import files
+from bertjax.tasks import base as tasks
+from bertjax.training.pretrain_config import DEFAULT_RULES, DTYPES
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -26,29 +30,29 @@ def defaults() -> ml_collections.ConfigDict:
     config.quiet = False
 
     config.task = ml_collections.ConfigDict()
-    config.task.type = "classification"  # classification | regression | tagging | squad
+    config.task.type = "classification"  # a task of bertjax/tasks (classification, tagging, ...)
     config.task.train_file = ""
-    # Comma-separated labelled files: each is evaluated (metrics + a predictions file).
-    config.task.eval_files = ""
-    # Comma-separated unlabelled files: predictions only, after training.
-    config.task.predict_files = ""
+    # Labelled files: each is evaluated (metrics + a predictions file).
+    config.task.eval_files = ()
+    # Unlabelled files: predictions only, after training.
+    config.task.predict_files = ()
     # tsv | csv | jsonl | conll | squad; '' tells it from the task type and file extension.
     config.task.format = ""
     config.task.header = True  # TSV/CSV files start with a header line of column names
-    # Comma-separated column names (or 0-based positions in files without a header): one
-    # text column, or two for sentence pairs.
-    config.task.text_columns = "sentence"
+    # Column names (or 0-based positions in files without a header): one text column, or
+    # two for sentence pairs.
+    config.task.text_columns = ("sentence",)
     config.task.label_column = "label"
     # Instead of files: a TFDS dataset by name (glue/sst2, glue/mrpc, glue/stsb, squad, ...),
     # already prepared in tfds_data_dir ('' is TFDS's default).
     config.task.tfds_name = ""
     config.task.tfds_data_dir = ""
     config.task.tfds_train_split = "train"
-    config.task.tfds_eval_splits = "validation"  # comma-separated
+    config.task.tfds_eval_splits = ("validation",)
     config.task.tag_scheme = ""  # BIO | BIOES; '' detects it from the training file
     config.task.strict_tags = False  # a tag breaking the scheme is an error, not a repair
     config.task.max_seq_length = 128
-    # SQuAD: windows over long contexts, and the answer search (see bertjax/data/spans.py).
+    # SQuAD: windows over long contexts, and the answer search (see bertjax/tasks/spans.py).
     config.task.doc_stride = 128
     config.task.max_query_length = 64
     config.task.n_best = 20
@@ -65,8 +69,8 @@ def defaults() -> ml_collections.ConfigDict:
     config.model.hidden_dropout_prob = 0.1
     config.model.attention_probs_dropout_prob = 0.1
     config.model.remat = False
-    # 0 keeps every layer of the checkpoint; N keeps the first N (smaller, faster models).
-    config.model.num_hidden_layers = 0
+    # The first N encoder layers of the checkpoint (smaller, faster models); None: all.
+    config.model.keep_layers = placeholder(int)
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
@@ -94,3 +98,33 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.log_every = 50
     config.train.keep_checkpoints = 1  # saved at every epoch end (and on preemption)
     return config
+
+
+def validate(config: ml_collections.ConfigDict) -> tasks.Task:
+    """One clear error for the first value that cannot run; returns the task it names."""
+    task = tasks.get(config.task.type)(config.task)
+    if not config.init_checkpoint:
+        raise ValueError("init_checkpoint is empty: set it to a model directory (python -m "
+                         "bertjax.convert output, a run's WORKDIR/model) or a pretraining "
+                         "workdir")
+    best = config.task.best_metric or task.best_metric
+    if best not in task.higher_is_better:
+        raise ValueError(f"task.best_metric {best!r}: for {task.name} expected one of "
+                         f"{', '.join(task.higher_is_better)}")
+    for path in (*config.task.eval_files, *config.task.predict_files):
+        if "," in path and not files.path(path).exists():
+            raise FileNotFoundError(f"{path}: no such file; give several files by repeating "
+                                    f"the flag, one file each")
+    train = config.train
+    for key in ("global_batch_size", "eval_batch_size", "log_every", "keep_checkpoints"):
+        if train[key] <= 0:
+            raise ValueError(f"train.{key} is {train[key]}: expected a positive number")
+    if train.num_epochs <= 0:
+        raise ValueError(f"train.num_epochs is {train.num_epochs}: expected > 0")
+    if config.model.dtype not in DTYPES:
+        raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
+                         f"{', '.join(DTYPES)}")
+    if config.optimizer.head_lr_multiplier <= 0:
+        raise ValueError(f"optimizer.head_lr_multiplier {config.optimizer.head_lr_multiplier}: "
+                         f"expected > 0")
+    return task

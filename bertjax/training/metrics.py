@@ -1,10 +1,9 @@
 """Where training metrics go: metrics.jsonl, TensorBoard events and a console progress line.
 
-TensorBoard events are written with TensorFlow's own summary ops (`tf.summary.write` with the
-scalars-plugin metadata), which TensorFlow ships without the `tensorboard` package: TF is
-already here for the input pipeline, so this adds no dependency, and the files are the ones
-`tf.summary.scalar` would write. TF is kept off the accelerators (`hide_accelerators_from_tf`)
-so it never takes memory that JAX needs. Only process 0 writes.
+TensorBoard events are written by `tf.summary.scalar` (TensorFlow is here for the input
+pipeline anyway; the `tensorboard` package provides the scalar summary and the viewer). TF is
+kept off the accelerators (`hide_accelerators_from_tf`) so it never takes memory that JAX
+needs. Only process 0 writes.
 
 Model-FLOPs utilisation (MFU) compares the model's matmul FLOPs per second with the devices'
 peak: a table of dense bf16 peaks for known accelerators, or, on CPU and unknown devices, a
@@ -18,13 +17,13 @@ import math
 import os
 import sys
 import time
-import uuid
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
+from bertjax import files
 from bertjax.models.bert import BertConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -54,18 +53,22 @@ def hide_accelerators_from_tf() -> None:
         pass
 
 
-def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
-    """Matmul FLOPs to train on one sequence (forward + backward = 3x forward).
+def encoder_flops_per_sequence(config: BertConfig, seq_len: int) -> float:
+    """Matmul FLOPs to train the encoder on one sequence (forward + backward = 3x forward):
+    its projections and attention scores (what a fine-tuning step is, bar its small head)."""
+    d, f = config.hidden_size, config.intermediate_size
+    per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
+    return 3.0 * config.num_hidden_layers * seq_len * per_token_layer
 
-    Counts the encoder's projections and attention scores, the pooler and NSP head, and the
+
+def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
+    """Matmul FLOPs to train on one sequence: the encoder, the pooler and NSP head, and the
     MLM head at the `predictions` gathered positions only (which is all the model computes).
     """
-    d, f, v = config.hidden_size, config.intermediate_size, config.vocab_size
-    per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
-    encoder = config.num_hidden_layers * seq_len * per_token_layer
+    d, v = config.hidden_size, config.vocab_size
     mlm = predictions * 2 * (d * d + d * v)
     pooler_nsp = 2 * (d * d + 2 * d)
-    return 3.0 * (encoder + mlm + pooler_nsp)
+    return encoder_flops_per_sequence(config, seq_len) + 3.0 * (mlm + pooler_nsp)
 
 
 def measure_matmul_flops(size: int = 2048, repeats: int = 5) -> float:
@@ -103,7 +106,7 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
+def pretraining_line(step: int, total: int, m: dict, eta_s: float) -> str:
     parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}",
              f"mlm_acc {m['mlm_accuracy']:.3f}"]
     if "nsp_accuracy" in m:
@@ -114,25 +117,23 @@ def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
     return " | ".join(parts)
 
 
-def _is_remote(path: str) -> bool:
-    return "://" in path
-
-
-def write_text_atomic(path: epath.Path, text: str) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{uuid.uuid4().hex[:8]}")
-    tmp.write_text(text)
-    tmp.replace(path)
+def finetuning_line(step: int, total: int, m: dict, eta_s: float) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}", f"lr {m['learning_rate']:.2e}"]
+    if "seq_per_sec" in m:
+        parts += [f"{m['seq_per_sec']:.1f} seq/s", f"MFU {100 * m['mfu']:.1f}%"]
+    parts.append(f"ETA {format_duration(eta_s)}")
+    return " | ".join(parts)
 
 
 def truncate_jsonl(workdir: str, last_step: int) -> None:
     """Drops records after `last_step` (from a run that was interrupted after its last
     checkpoint), so a resumed run's file reads like an uninterrupted one. Atomic rewrite."""
-    path = epath.Path(workdir) / METRICS_FILE
+    path = files.path(workdir) / METRICS_FILE
     if jax.process_index() != 0 or not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
+    kept = [line for line in files.read_text(path).splitlines()
             if line.strip() and json.loads(line)["step"] <= last_step]
-    write_text_atomic(path, "".join(line + "\n" for line in kept))
+    files.write_text(path, "".join(line + "\n" for line in kept))
 
 
 class _Jsonl:
@@ -140,10 +141,11 @@ class _Jsonl:
     file is rewritten, at most every `remote_flush_s` seconds and on close."""
 
     def __init__(self, path: epath.Path, remote_flush_s: float = 60.0):
-        self.path, self.remote = path, _is_remote(str(path))
+        self.path, self.remote = path, files.is_remote(path)
         self.remote_flush_s, self._flushed = remote_flush_s, 0.0
         if self.remote:
-            self._lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+            self._lines = (files.read_text(path).splitlines(keepends=True) if path.exists()
+                           else [])
         else:
             self._file = open(path, "a")
 
@@ -157,7 +159,7 @@ class _Jsonl:
             self._flush_remote()
 
     def _flush_remote(self) -> None:
-        write_text_atomic(self.path, "".join(self._lines))
+        files.write_text(self.path, "".join(self._lines))
         self._flushed = time.monotonic()
 
     def close(self) -> None:
@@ -177,13 +179,9 @@ class MetricWriter:
             return
         hide_accelerators_from_tf()
         import tensorflow as tf
-        from tensorflow.core.framework import summary_pb2
         self._tf = tf
-        self._metadata = summary_pb2.SummaryMetadata(
-            plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-            data_class=summary_pb2.DATA_CLASS_SCALAR)
-        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
-        self._jsonl = _Jsonl(epath.Path(workdir) / METRICS_FILE)
+        files.makedirs(workdir)
+        self._jsonl = _Jsonl(files.path(workdir) / METRICS_FILE)
         self._summary = tf.summary.create_file_writer(os.path.join(workdir, TENSORBOARD_DIR))
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
@@ -193,8 +191,7 @@ class MetricWriter:
         self._jsonl.write(json.dumps(record))
         with self._summary.as_default():
             for name, value in scalars.items():
-                self._tf.summary.write(name, self._tf.constant(float(value)), step=int(step),
-                                       metadata=self._metadata)
+                self._tf.summary.scalar(name, float(value), step=int(step))
         self._summary.flush()
 
     def close(self) -> None:
@@ -220,13 +217,15 @@ def mean_metrics(history: list[dict[str, float]]) -> dict[str, float]:
 
 
 class TrainingLog:
-    """Turns per-step device metrics into log records, console lines and divergence checks."""
+    """Per-step device metrics -> log records (the mean over each `log_every` steps, with
+    sequences/s and MFU once a rate is measured), console lines, and the divergence stop."""
 
     def __init__(self, workdir: str, total_steps: int, log_every: int, seq_per_step: int,
-                 flops_per_step: float, peak_flops: float, quiet: bool, window: list):
+                 flops_per_step: float, peak_flops: float, quiet: bool, window: list,
+                 line=pretraining_line):
         self.writer = MetricWriter(workdir)
         self.console = Console(quiet)
-        self.total_steps, self.log_every = total_steps, log_every
+        self.total_steps, self.log_every, self.line = total_steps, log_every, line
         self.seq_per_step, self.flops_per_step, self.peak = seq_per_step, flops_per_step, peak_flops
         self.window = window  # steps since the last log record; saved with checkpoints
         self.last_good_checkpoint: int | None = None
@@ -246,7 +245,7 @@ class TrainingLog:
             raise FloatingPointError(
                 f"training diverged: loss {host['loss']}, grad_norm {host['grad_norm']} at "
                 f"step {step}; stopped without saving ({last}). Lower "
-                "optimizer.learning_rate, raise optimizer.warmup_steps or use float32.")
+                "optimizer.learning_rate, raise the warmup or use float32.")
         now = time.perf_counter()
         if self._clock is not None and step > self._clock[0]:
             self._rate = (step - self._clock[0]) / (now - self._clock[1])
@@ -265,12 +264,15 @@ class TrainingLog:
             record["mfu"] = self._rate * self.flops_per_step / self.peak
             eta = (self.total_steps - step) / self._rate
         self.writer.write(step, record)
-        self.console.print(progress_line(step, self.total_steps, record, eta))
+        self.console.print(self.line(step, self.total_steps, record, eta))
 
-    def eval_record(self, step: int, record: dict) -> None:
-        self.writer.write(step, record)
-        self.console.print(f"eval at step {step}: " + " | ".join(
-            f"{k[5:]} {v:.4f}" for k, v in record.items()))
+    def eval_record(self, step: int, metrics: dict, prefix: str = "eval_",
+                    heading: str = "") -> None:
+        """An evaluation's numbers to the writers (named `prefix` + metric), and a line."""
+        self.writer.write(step, {prefix + k: v for k, v in metrics.items()
+                                 if isinstance(v, (int, float))})
+        self.console.print(f"{heading or f'eval at step {step}'}: " + " | ".join(
+            f"{k} {v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
 
     def close(self) -> None:
         self.writer.close()

@@ -1,47 +1,35 @@
-"""Pretraining: the pure train and eval steps, jitted with shardings, and the loop around them.
+"""Pretraining as a client of the trainer: the masked-LM + NSP objective, the input pipeline
+and the exported model.
 
-`train_step(state, batch, rng) -> (state, metrics)` computes the masked-LM loss (weighted
-mean cross-entropy over `masked_lm_weights`, as the original) plus the NSP loss, accumulates
-gradients over micro-batches with one optimizer update per step, and is jitted once with
-in/out shardings and the state donated. The loop feeds it global batches built from each
-host's rows, fetches metrics one step late so the host never stalls the devices, evaluates,
-checkpoints (and resumes) with the data position, and stops cleanly on SIGTERM or a
-non-finite loss.
+The loss is the original's: the masked-LM cross-entropy averaged over `masked_lm_weights`
+(sum(w * CE) / (sum(w) + 1e-5)) plus the mean NSP cross-entropy. Each host feeds its own rows
+of every batch from the tf.data pipeline, whose position is saved with every checkpoint so a
+resumed run sees exactly the batches an uninterrupted one would.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from etils import epath
 from jax.experimental import multihost_utils
 
-from bertjax.models import presets
-from bertjax.models.bert import BertConfig, Embeddings
+from bertjax import files
+from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, sharding
+from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pretrain_config
+from bertjax.training import sharding
+from bertjax.training.trainer import Cadence, Objective, Trainer
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-MODEL_DIR = "model"  # the model directory exported into the workdir at the end
 RUN_CONFIG = "run_config.json"  # the run's full config, written when it starts
 _MLM_EPS = 1e-5  # the original adds it to the weight total
-
-
-@flax.struct.dataclass
-class TrainState:
-    step: jax.Array
-    params: Any
-    opt_state: Any
 
 
 @dataclasses.dataclass
@@ -61,17 +49,14 @@ class PretrainingData:
 
 def model_config(model: Any, vocab_size: int) -> BertConfig:
     """The BertConfig of `config.model`; `vocab_size` is the tokenizer's."""
-    if model.dtype not in DTYPES:
-        raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
-    if model.vocab_size and model.vocab_size < vocab_size:
+    if model.vocab_size is not None and model.vocab_size < vocab_size:
         raise ValueError(f"model.vocab_size {model.vocab_size} is smaller than the tokenizer's "
                          f"vocabulary ({vocab_size})")
-    sizes = {k: getattr(model, k) for k in ("num_hidden_layers", "hidden_size",
-                                            "num_attention_heads", "intermediate_size")
-             if getattr(model, k)}
-    return presets.preset(
-        model.size, **sizes, vocab_size=model.vocab_size or vocab_size,
-        hidden_act=model.hidden_act, max_position_embeddings=model.max_position_embeddings,
+    return BertConfig(
+        vocab_size=model.vocab_size or vocab_size, num_hidden_layers=model.num_hidden_layers,
+        hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
+        intermediate_size=model.intermediate_size, hidden_act=model.hidden_act,
+        max_position_embeddings=model.max_position_embeddings,
         hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob,
         pre_layer_norm=model.pre_layer_norm, remat=model.remat, dtype=DTYPES[model.dtype])
@@ -108,75 +93,27 @@ def summarize(sums: dict, nsp: bool) -> dict[str, Any]:
     return out
 
 
-def _decoder_input_constraint(activation_sharding):
-    """Pins the MLM decoder's input [B, P, D] to batch sharding with whole features.
-
-    Without it XLA's SPMD partitioner (jaxlib 0.10.2, both Shardy and GSPMD) computes wrong
-    gradients for the MLM transform and LayerNorm on meshes with data, fsdp and tensor all
-    > 1 (the forward pass is right). It is the layout the partitioner picks anyway elsewhere.
-    """
-    def interceptor(next_fun, args, kwargs, context):
-        if isinstance(context.module, Embeddings) and context.method_name == "attend":
-            args = (jax.lax.with_sharding_constraint(args[0], activation_sharding),) + args[1:]
-        return next_fun(*args, **kwargs)
-    return interceptor
-
-
-def _apply(model: nn.Module, params, batch: dict, deterministic: bool, rng=None,
-           activation_sharding=None) -> dict:
-    def call():
+def objective(model: BertForPreTraining, nsp: bool) -> Objective:
+    def apply(params, batch, rng):
         return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                            batch["segment_ids"], batch["masked_lm_positions"],
-                           deterministic=deterministic,
-                           rngs=None if deterministic else {"dropout": rng})
-    if activation_sharding is None:
-        return call()
-    with nn.intercept_methods(_decoder_input_constraint(activation_sharding)):
-        return call()
+                           deterministic=rng is None,
+                           rngs=None if rng is None else {"dropout": rng})
 
+    def normalizers(batch):
+        return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + _MLM_EPS,
+                "sequences": batch["input_ids"].shape[0]}
 
-def make_train_step(model: nn.Module, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, *, grad_accum_steps: int, nsp: bool,
-                    activation_sharding=None):
-    """The pure train step. Losses are normalised by the whole batch's totals, so
-    accumulating micro-batch gradients gives the full batch's gradient.
-    `activation_sharding` is the batch sharding, for activations the step pins."""
+    def loss(outputs, micro_batch, totals):
+        sums = pretraining_sums(outputs, micro_batch)
+        value = sums["mlm_loss_sum"] / totals["mlm"]
+        if nsp:
+            value = value + sums["nsp_loss_sum"] / totals["sequences"]
+        return value, sums
 
-    def train_step(state: TrainState, batch: dict, rng: jax.Array):
-        step_rng = jax.random.fold_in(rng, state.step)
-        mlm_total = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + _MLM_EPS
-        sequences = batch["input_ids"].shape[0]
-
-        def loss_fn(params, micro_batch, index):
-            outputs = _apply(model, params, micro_batch, False,
-                             jax.random.fold_in(step_rng, index), activation_sharding)
-            sums = pretraining_sums(outputs, micro_batch)
-            loss = sums["mlm_loss_sum"] / mlm_total
-            if nsp:
-                loss = loss + sums["nsp_loss_sum"] / sequences
-            return loss, sums
-
-        (_, sums), grads = optimizers.accumulate_gradients(loss_fn, state.params, batch,
-                                                           grad_accum_steps)
-        updates, opt_state = tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        step_metrics = {**summarize(sums, nsp), "grad_norm": optax.tree.norm(grads),
-                        "learning_rate": schedule(state.step)}
-        return TrainState(state.step + 1, params, opt_state), step_metrics
-
-    return train_step
-
-
-def make_eval_step(model: nn.Module, activation_sharding=None):
-    def eval_step(params, batch: dict) -> dict:
-        return pretraining_sums(_apply(model, params, batch, True, None, activation_sharding),
-                                batch)
-    return eval_step
-
-
-def _with_shardings(abstract: Any, shardings: Any) -> Any:
-    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+    return Objective(apply=apply, normalizers=normalizers, loss=loss,
+                     metrics=lambda _, sums: summarize(sums, nsp),
+                     evaluate=lambda outputs, batch: pretraining_sums(outputs, batch))
 
 
 def _gather_positions(position: dict) -> list[dict]:
@@ -189,33 +126,16 @@ def _gather_positions(position: dict) -> list[dict]:
     return [dict(zip(keys, row.tolist())) for row in rows]
 
 
-def _check_train_config(train: Any) -> None:
-    for key in ("global_batch_size", "num_steps", "log_every", "checkpoint_every",
-                "keep_checkpoints"):
-        if getattr(train, key) <= 0:
-            raise ValueError(f"train.{key} is {getattr(train, key)}: expected a positive number")
-    if train.eval_every < 0 or train.eval_batches < 0:
-        raise ValueError("train.eval_every and train.eval_batches must be >= 0")
+def _batches(iterator) -> Iterator[dict]:
+    while True:
+        yield _features(next(iterator))
 
 
-def _restore(ckpt: checkpoints.RunCheckpoints, step: int, abstract_params, tx, opt_sh, repl,
-             workdir: str):
-    """(state, dropout key, host state) of checkpoint `step`, placed as the run shards them."""
-    abstract_opt = _with_shardings(jax.eval_shape(tx.init, abstract_params), opt_sh)
-    restored = ckpt.restore(
-        step, abstract_params=abstract_params, abstract_opt_state=abstract_opt,
-        abstract_progress={"step": jax.ShapeDtypeStruct((), jnp.int32, sharding=repl),
-                           "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=repl)})
-    host_state = restored["host"]
-    if host_state["process_count"] != jax.process_count():
-        raise ValueError(
-            f"checkpoint step {step} in {ckpt.directory} was written by "
-            f"{host_state['process_count']} processes and this run has {jax.process_count()}: "
-            "each process's data position would not match. Resume with the same number of "
-            f"hosts, or start a new workdir with --config.init_checkpoint={workdir}")
-    metrics_lib.truncate_jsonl(workdir, step)
-    state = TrainState(restored["progress"]["step"], restored["params"], restored["opt_state"])
-    return state, restored["progress"]["rng"], host_state
+def _features(local: dict) -> dict:
+    missing = [f for f in FEATURES if f not in local]
+    if missing:
+        raise ValueError(f"input batch lacks features {missing}; expected {FEATURES}")
+    return {f: local[f] for f in FEATURES}
 
 
 def train(config: Any, workdir: str, data: PretrainingData,
@@ -227,139 +147,82 @@ def train(config: Any, workdir: str, data: PretrainingData,
     exported as a model directory, WORKDIR/model. Raises FloatingPointError when the loss
     stops being finite (the last good checkpoint is kept).
     """
-    _check_train_config(config.train)
+    pretrain_config.validate(config)
     if jax.process_index() == 0:
-        epath.Path(workdir).mkdir(parents=True, exist_ok=True)
+        files.makedirs(workdir)
     cfg = model_config(config.model, data.vocab_size)
     seq_len, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
-    if seq_len > cfg.max_position_embeddings:
-        raise ValueError(f"data.max_seq_length {seq_len} exceeds model.max_position_embeddings "
-                         f"{cfg.max_position_embeddings}")
-    batch_size, accum = config.train.global_batch_size, config.optimizer.grad_accum_steps
     mesh = sharding.make_mesh(config.mesh.shape, devices)
-    rules = sharding.check_rules(config.mesh.rules)
-    sharding.check_batch_size(batch_size, mesh, rules, accum)
-
-    model = BertForPreTraining(cfg)
-    opt = config.optimizer
+    model = BertForPreTraining(cfg, mesh)
+    opt, train_cfg = config.optimizer, config.train
     schedule = optimizers.learning_rate_schedule(opt.schedule, opt.learning_rate,
-                                                 opt.warmup_steps, config.train.num_steps)
+                                                 opt.warmup_steps, train_cfg.num_steps)
     tx = optimizers.make_optimizer(opt.name, schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
                                    weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
 
-    def init_params(key):
+    def init(key):
         ids = jnp.zeros((1, seq_len), jnp.int32)
-        positions = jnp.zeros((1, predictions), jnp.int32)
-        return model.init(key, ids, ids, ids, positions)["params"]
+        return model.init(key, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32))["params"]
 
-    root = jax.random.PRNGKey(config.seed)
-    init_key, dropout_key = jax.random.fold_in(root, 0), jax.random.fold_in(root, 1)
-    boxed = jax.eval_shape(init_params, init_key)
-    param_sh = sharding.param_shardings(boxed, mesh, rules)
-    abstract_params = _with_shardings(nn.unbox(boxed), param_sh)
-    opt_sh = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, abstract_params),
-                                          param_sh, mesh)
-    repl = sharding.replicated(mesh)
-    state_sh = TrainState(repl, param_sh, opt_sh)
-    batch_sh = sharding.batch_sharding(mesh, rules)
+    trainer = Trainer(workdir=workdir, init=init, objective=objective(model, config.data.nsp),
+                      tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
+                      global_batch_size=train_cfg.global_batch_size,
+                      grad_accum_steps=opt.grad_accum_steps,
+                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed)
 
-    ckpt = checkpoints.RunCheckpoints(workdir, config.train.keep_checkpoints)
-    latest = ckpt.latest_step()
-    if latest is not None:
-        state, dropout_key, host_state = _restore(ckpt, latest, abstract_params, tx, opt_sh,
-                                                  repl, workdir)
-    else:
-        if config.init_checkpoint:
-            params = checkpoints.load_initial_params(config.init_checkpoint, abstract_params)
-        else:
-            params = jax.jit(lambda k: nn.unbox(init_params(k)), out_shardings=param_sh)(init_key)
-        opt_state = jax.jit(tx.init, out_shardings=opt_sh)(params)
-        state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), repl), params, opt_state)
-        dropout_key, host_state = jax.device_put(dropout_key, repl), {}
+    def initial_params():
         if jax.process_index() == 0:
-            metrics_lib.write_text_atomic(epath.Path(workdir) / RUN_CONFIG,
-                                          config.to_json_best_effort(indent=2))
+            files.write_text(files.path(workdir) / RUN_CONFIG,
+                             config.to_json_best_effort(indent=2))
+            checkpoints.write_architecture(workdir, cfg, data.tokenizer)
+        if config.init_checkpoint:
+            return checkpoints.open_model(config.init_checkpoint).load_params(
+                trainer.abstract_params)
+        return trainer.fresh_params()
 
-    train_step = jax.jit(
-        make_train_step(model, tx, schedule, grad_accum_steps=accum, nsp=config.data.nsp,
-                        activation_sharding=batch_sh),
-        in_shardings=(state_sh, batch_sh, repl), out_shardings=(state_sh, repl),
-        donate_argnums=(0,))
-    eval_step = jax.jit(make_eval_step(model, batch_sh), in_shardings=(param_sh, batch_sh),
-                        out_shardings=repl)
+    host_state = trainer.start(initial_params) or {}
+    if host_state and host_state["process_count"] != jax.process_count():
+        raise ValueError(
+            f"checkpoint step {trainer.resumed_from} in {trainer.checkpoints.directory} was "
+            f"written by {host_state['process_count']} processes and this run has "
+            f"{jax.process_count()}: each process's data position would not match. Resume "
+            f"with the same number of hosts, or start a new workdir with "
+            f"--config.init_checkpoint={workdir}")
 
-    total = config.train.num_steps
-    step = int(jax.device_get(state.step))
     positions = host_state.get("data_positions")
     iterator = data.train(positions[jax.process_index()] if positions else None)
+    batch_size = train_cfg.global_batch_size
     flops = metrics_lib.pretraining_flops_per_sequence(cfg, seq_len, predictions) * batch_size
-    peak = metrics_lib.peak_flops(list(mesh.devices.flat), config.train.peak_flops_per_device)
-    logger = metrics_lib.TrainingLog(workdir, total, config.train.log_every, batch_size, flops,
-                                     peak, config.quiet, host_state.get("window", []))
-    logger.last_good_checkpoint = latest
-    if latest is not None:
-        logger.console.print(f"resumed from step {latest} ({ckpt.directory})")
-
-    def save(at: int) -> None:
-        ckpt.save(at, params=state.params, opt_state=state.opt_state,
-                  progress={"step": state.step, "rng": dropout_key},
-                  host={"data_positions": _gather_positions(iterator.position()),
-                        "window": logger.window, "process_count": jax.process_count()})
-        logger.last_good_checkpoint = at
+    peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat),
+                                  train_cfg.peak_flops_per_device)
+    log = metrics_lib.TrainingLog(workdir, train_cfg.num_steps, train_cfg.log_every,
+                                  batch_size, flops, peak, config.quiet,
+                                  host_state.get("window", []))
 
     def evaluate(at: int) -> None:
         totals = None
         for local in data.eval():
-            batch = sharding.make_global_batch(_features(local), batch_sh, batch_size)
-            sums = jax.device_get(eval_step(state.params, batch))
+            sums = jax.device_get(trainer.eval_step(trainer.state.params,
+                                                    trainer.global_batch(_features(local))))
             totals = sums if totals is None else jax.tree.map(np.add, totals, sums)
         if totals is not None:
-            logger.eval_record(at, {f"eval_{k}": float(v)
-                                    for k, v in summarize(totals, config.data.nsp).items()})
+            log.eval_record(at, {k: float(v)
+                                 for k, v in summarize(totals, config.data.nsp).items()})
 
-    pending = None
-    preempted = False
+    evaluating = data.eval is not None and train_cfg.eval_every and train_cfg.eval_batches
+    cadence = Cadence(eval_due=lambda s: bool(evaluating) and s % train_cfg.eval_every == 0,
+                      save_due=lambda s: s % train_cfg.checkpoint_every == 0)
     try:
-        while step < total:
-            batch = sharding.make_global_batch(_features(next(iterator)), batch_sh, batch_size)
-            state, step_metrics = train_step(state, batch, dropout_key)
-            step += 1
-            if pending is not None:
-                logger.record(*pending, ckpt.directory)
-            pending = (step, step_metrics)
-            preempted = ckpt.preemption_requested(step)
-            eval_due = (data.eval is not None and config.train.eval_every
-                        and config.train.eval_batches and step % config.train.eval_every == 0)
-            save_due = step % config.train.checkpoint_every == 0 or step == total or preempted
-            if eval_due or save_due:
-                # A checkpoint must never hold a diverged state: check this step first.
-                logger.record(*pending, ckpt.directory)
-                pending = None
-                if save_due:
-                    save(step)
-                if eval_due:
-                    evaluate(step)
-                logger.restart_clock(step)
-            if preempted:
-                logger.console.print(f"SIGTERM: saved step {step} in {ckpt.directory}; run the "
-                                     "same command again to resume")
-                break
-        if pending is not None:
-            logger.record(*pending, ckpt.directory)
+        step, preempted = trainer.fit(
+            train_cfg.num_steps, _batches(iterator), log, cadence, evaluate,
+            host_state=lambda: {"data_positions": _gather_positions(iterator.position()),
+                                "window": log.window, "process_count": jax.process_count()})
     finally:
-        ckpt.close()
-        logger.close()
-    if not preempted and step == total:
-        checkpoints.save_model(os.path.join(workdir, MODEL_DIR), state.params, cfg,
-                               data.tokenizer, overwrite=True)
-    return {"state": state, "step": step, "preempted": preempted}
-
-
-def _features(local: dict) -> dict:
-    missing = [f for f in FEATURES if f not in local]
-    if missing:
-        raise ValueError(f"input batch lacks features {missing}; expected {FEATURES}")
-    return {f: local[f] for f in FEATURES}
+        log.close()
+    if not preempted and step == train_cfg.num_steps:
+        checkpoints.save_model(str(files.path(workdir) / checkpoints.MODEL_DIR),
+                               trainer.state.params, cfg, data.tokenizer, overwrite=True)
+    return {"state": trainer.state, "step": step, "preempted": preempted}
 
 
 def input_data(config: Any) -> PretrainingData:

@@ -1,13 +1,17 @@
 """Every key of a pretraining config, with its default: the files in configs/ start from here.
 
-Defaults are the original BERT recipe (phase 1 of BERT-base). A key that is 0 or '' where a
-value is derived says so in its comment. The loader (`config_flags`, `lock_config=True`)
-rejects keys that are not listed here, so code reads `config.x.y` and never guesses.
+Defaults are the original BERT recipe (phase 1 of BERT-base). The model's sizes are concrete
+numbers (a preset's, written in by `defaults(size)`), so run_config.json shows what ran. The
+loader (`config_flags`, `lock_config=True`) rejects keys that are not listed here, so code
+reads `config.x.y` and never guesses; `validate` checks the values before anything runs.
 """
 
 from __future__ import annotations
 
 import ml_collections
+from ml_collections.config_dict import placeholder
+
+from bertjax.models import presets
 
 # Logical parameter axis -> mesh axes. 'batch' is the first axis of every input array.
 DEFAULT_RULES = (
@@ -20,7 +24,8 @@ DEFAULT_RULES = (
 )
 
 
-def defaults() -> ml_collections.ConfigDict:
+def defaults(size: str = "base") -> ml_collections.ConfigDict:
+    """Every key, with the original recipe's values and the sizes of preset `size`."""
     config = ml_collections.ConfigDict()
     config.mode = "pretrain"
     config.seed = 0
@@ -31,13 +36,10 @@ def defaults() -> ml_collections.ConfigDict:
     config.quiet = False  # no progress lines on the console
 
     config.model = ml_collections.ConfigDict()
-    config.model.size = "base"  # a preset of bertjax.models.presets
-    config.model.vocab_size = 0  # 0: the tokenizer's vocabulary size
-    # 0: the preset's value.
-    config.model.num_hidden_layers = 0
-    config.model.hidden_size = 0
-    config.model.num_attention_heads = 0
-    config.model.intermediate_size = 0
+    # None: the tokenizer's vocabulary size (larger rounds the embedding up, e.g. to x128).
+    config.model.vocab_size = placeholder(int)
+    for key, value in presets.sizes(size).items():  # num_hidden_layers, hidden_size, ...
+        config.model[key] = value
     config.model.hidden_act = "gelu"
     config.model.max_position_embeddings = 512
     config.model.hidden_dropout_prob = 0.1
@@ -91,6 +93,26 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
+DTYPES = ("float32", "bfloat16")
+
+
+def validate(config: ml_collections.ConfigDict) -> None:
+    """One clear error for the first value that cannot run, before anything starts."""
+    train, model, data = config.train, config.model, config.data
+    for key in ("global_batch_size", "num_steps", "log_every", "checkpoint_every",
+                "keep_checkpoints"):
+        if train[key] <= 0:
+            raise ValueError(f"train.{key} is {train[key]}: expected a positive number")
+    for key in ("eval_every", "eval_batches"):
+        if train[key] < 0:
+            raise ValueError(f"train.{key} is {train[key]}: expected 0 (none) or more")
+    if model.dtype not in DTYPES:
+        raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
+    if data.max_seq_length > model.max_position_embeddings:
+        raise ValueError(f"data.max_seq_length {data.max_seq_length} exceeds "
+                         f"model.max_position_embeddings {model.max_position_embeddings}")
+
+
 # The original two phases: (max_seq_length, max_predictions_per_seq, num_steps).
 PHASES = {
     "phase1": (128, 20, 900_000),
@@ -103,8 +125,7 @@ def original_recipe(size: str, phase: str) -> ml_collections.ConfigDict:
     (phase 2 starts from phase 1's parameters via init_checkpoint, with a fresh optimizer)."""
     if phase not in PHASES:
         raise ValueError(f"phase {phase!r}: expected one of {', '.join(PHASES)}")
-    config = defaults()
-    config.model.size = size
+    config = defaults(size)
     seq_len, predictions, steps = PHASES[phase]
     config.data.max_seq_length = seq_len
     config.data.max_predictions_per_seq = predictions

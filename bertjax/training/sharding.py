@@ -146,6 +146,12 @@ def local_batch_size(global_batch_size: int) -> int:
     return global_batch_size // jax.process_count()
 
 
+def local_rows(global_rows: np.ndarray) -> np.ndarray:
+    """This process's contiguous share of rows that every process holds."""
+    share = len(global_rows) // jax.process_count()
+    return global_rows[jax.process_index() * share:(jax.process_index() + 1) * share]
+
+
 def make_global_batch(local_batch: dict[str, np.ndarray], sharding: NamedSharding,
                       global_batch_size: int) -> dict[str, jax.Array]:
     """Global arrays from this process's rows; no host ever holds the whole batch."""

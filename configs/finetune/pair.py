@@ -4,7 +4,7 @@
   python -m bertjax.main --config=configs/finetune/pair.py --workdir=/tmp/mrpc \\
       --config.init_checkpoint=/tmp/minilm \\
       --config.task.train_file=MRPC/train.tsv --config.task.eval_files=MRPC/dev.tsv \\
-      --config.task.text_columns="#1 String,#2 String" --config.task.label_column=Quality
+      --config.task.text_columns="('#1 String', '#2 String')" --config.task.label_column=Quality
 
   python -m bertjax.main --config=configs/finetune/pair.py --workdir=/tmp/stsb \\
       --config.init_checkpoint=/tmp/minilm --config.task.type=regression \\
@@ -22,7 +22,7 @@ from bertjax.training import finetune_config
 def get_config():
     config = finetune_config.defaults()
     config.task.type = "classification"
-    config.task.text_columns = "sentence1,sentence2"
+    config.task.text_columns = ("sentence1", "sentence2")
     config.task.label_column = "label"
     config.task.max_seq_length = 128
     return config

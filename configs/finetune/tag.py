@@ -4,7 +4,8 @@ scored at the entity level (seqeval's default mode).
 
   python -m bertjax.main --config=configs/finetune/tag.py --workdir=/tmp/ner \\
       --config.init_checkpoint=/tmp/minilm \\
-      --config.task.train_file=ner/train.txt --config.task.eval_files=ner/dev.txt,ner/test.txt
+      --config.task.train_file=ner/train.txt --config.task.eval_files=ner/dev.txt \\
+      --config.task.eval_files=ner/test.txt
 
 Tags that break the scheme (an I-X not after B-X or I-X) are repaired and counted;
 --config.task.strict_tags=true makes them an error. Predict afterwards with

@@ -1,4 +1,4 @@
-"""Token tagging (NER) inputs: CoNLL-style files and their fixed-length features.
+"""Token tagging (NER): CoNLL-style files, their fixed-length features, and the task.
 
 A file holds one token per line, its tag in the last field (fields split by tabs when the
 line has one, else by spaces, so both `word<TAB>tag` and CoNLL-2003's `word POS chunk tag`
@@ -20,15 +20,21 @@ map every row back so predictions come out per word.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
-import os
 import re
 from typing import Sequence
 
+import jax.numpy as jnp
 import numpy as np
+import optax
 
-from bertjax.data import tagging
-from bertjax.data.features import Features, LabelVocab, Packer, WordEncoder, stack
+from bertjax import files
+from bertjax.models.heads import BertForTokenClassification
+from bertjax.tasks import metrics
+from bertjax.tasks import tag_schemes as tagging
+from bertjax.tasks.base import Task, TaskSet, register
+from bertjax.tasks.features import Features, LabelVocab, Packer, WordEncoder, stack
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,8 @@ class TaggedSentence:
 def read_conll(path: str, scheme: str | None = None, labelled: bool = True,
                strict: bool = False) -> list[TaggedSentence]:
     """Sentences of a CoNLL-style file; `labelled=False` reads token-only files (for predict)."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    name = os.path.basename(path)
+    text = files.read_text(path)
+    name = files.path(path).name
     sentences, words, tags, lines = [], [], [], []
 
     def flush():
@@ -58,7 +63,7 @@ def read_conll(path: str, scheme: str | None = None, labelled: bool = True,
         tags.clear()
         lines.clear()
 
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(text) as f:
         for line_num, line in enumerate(f, 1):
             line = line.rstrip("\r\n")
             if not line.strip():
@@ -194,3 +199,68 @@ _WORD_SPLIT = re.compile(r"\S+")
 def words_of(text: str) -> list[str]:
     """Whitespace words of raw text, for tagging free text (`predict --text`)."""
     return _WORD_SPLIT.findall(text)
+
+
+@register
+class Tagging(Task):
+    name = "tagging"
+    command = "tag"
+    head = "classifier"
+    targets = ("label_ids",)
+    best_metric = "f1"
+    higher_is_better = ("f1", "precision", "recall", "token_accuracy")
+    uses_labels = True
+    saved_settings = ("max_seq_length", "tag_scheme")
+
+    def read(self, path: str, labelled: bool) -> list[TaggedSentence]:
+        s = self.settings
+        if s.format and s.format != "conll":
+            raise ValueError(f"{path}: task.type tagging reads conll files, not {s.format}")
+        return read_conll(path, scheme=s.tag_scheme or None, labelled=labelled,
+                          strict=s.strict_tags)
+
+    def label_vocab(self, train_examples: list) -> LabelVocab:
+        return tag_vocab(train_examples)
+
+    def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
+        return tagging_features(examples, tokenizer, self.settings.max_seq_length, labels)
+
+    def examples_from_texts(self, texts, context: str = "") -> list[TaggedSentence]:
+        return [TaggedSentence(f"text{i}", words_of(t)) for i, t in enumerate(texts)]
+
+    def model(self, config, labels: LabelVocab):
+        return BertForTokenClassification(config, len(labels))
+
+    def normalizer(self, batch):
+        return jnp.maximum(jnp.sum((batch["label_ids"] >= 0).astype(jnp.float32)), 1.0)
+
+    def loss_sum(self, logits_BLC, batch):
+        labels_BL = batch["label_ids"].astype(jnp.int32)
+        ce_BL = optax.softmax_cross_entropy_with_integer_labels(logits_BLC,
+                                                                jnp.maximum(labels_BL, 0))
+        return jnp.sum(jnp.where(labels_BL >= 0, ce_BL, 0.0))
+
+    def fetch(self, logits_BLC):
+        return jnp.argmax(logits_BLC, axis=-1).astype(jnp.int32)
+
+    def evaluate(self, taskset: TaskSet, ids_NL, labels: LabelVocab):
+        words = word_predictions(taskset.features, ids_NL, taskset.examples)
+        predicted = [[labels.labels[i] for i in w] for w in words]
+        scores = {}
+        if taskset.labelled:
+            gold = [s.tags for s in taskset.examples]
+            entity = metrics.entity_scores(gold, predicted)
+            correct = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs))
+            scores = {k: entity[k] for k in ("precision", "recall", "f1")}
+            scores["token_accuracy"] = correct / sum(len(g) for g in gold)
+        records = []
+        for sentence, tags in zip(taskset.examples, predicted):
+            record = {"guid": sentence.guid, "words": sentence.words}
+            if sentence.tags is not None:
+                record["tags"] = sentence.tags
+            record["predictions"] = tags
+            records.append(record)
+        return scores, records
+
+    def format_record(self, record: dict) -> str:
+        return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["predictions"]))

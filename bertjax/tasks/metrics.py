@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from bertjax.data.tagging import entities
+from bertjax.tasks.tag_schemes import entities
 
 
 def accuracy(predictions, labels) -> float:

@@ -4,12 +4,12 @@ ids into the fixed-length `input_ids / input_mask / segment_ids` arrays BERT tak
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import uuid
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from bertjax import files
 
 LABELS_FILE = "labels.json"
 
@@ -64,17 +64,19 @@ class LabelVocab:
 
     def save(self, directory: str) -> str:
         path = os.path.join(directory, LABELS_FILE)
-        atomic_write_text(path, json.dumps({"labels": self.labels}, indent=1) + "\n")
+        files.write_json(path, {"labels": self.labels}, indent=1)
         return path
 
     @classmethod
     def load(cls, directory: str) -> "LabelVocab":
         path = os.path.join(directory, LABELS_FILE)
-        if not os.path.exists(path):
+        if not files.path(path).exists():
             raise FileNotFoundError(f"{path} not found: the label vocabulary is written by "
                                     f"fine-tuning next to the model")
-        with open(path) as f:
-            return cls(json.load(f)["labels"])
+        stored = files.read_json(path)
+        if not isinstance(stored, dict) or not isinstance(stored.get("labels"), list):
+            raise ValueError(f"{path}: expected {{'labels': [...]}}")
+        return cls(stored["labels"])
 
 
 def _is_int(label: str) -> bool:
@@ -83,18 +85,6 @@ def _is_int(label: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
 
 
 class WordEncoder:

@@ -1,4 +1,5 @@
-"""Extractive QA inputs (SQuAD v1.1 and v2.0): examples, and windowed fixed-length features.
+"""Extractive QA inputs (SQuAD v1.1 and v2.0): examples, and windowed fixed-length features
+(the task itself is `squad.py`, the answer search `spans.py`).
 
 The context is split into *words* the way BERT's basic tokenizer splits text (whitespace,
 each punctuation mark, each CJK character), each with its character span; WordPiece never
@@ -19,16 +20,15 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
-import json
 import logging
-import os
 import re
 import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
 
-from bertjax.data.features import Features, Packer, WordEncoder, stack
+from bertjax import files
+from bertjax.tasks.features import Features, Packer, WordEncoder, stack
 
 log = logging.getLogger(__name__)
 
@@ -51,13 +51,7 @@ def read_squad(path: str) -> list[SquadExample]:
     (nearest occurrence); one not found at all leaves `answer_start` -1, and training skips
     that example. Both are counted and logged.
     """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as f:
-        try:
-            root = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
+    root = files.read_json(path)
     if not isinstance(root, dict) or not isinstance(root.get("data"), list):
         raise ValueError(f"{path}: expected SQuAD JSON, {{'data': [{{'paragraphs': "
                          f"[{{'context': ..., 'qas': [...]}}]}}]}}")

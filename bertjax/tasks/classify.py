@@ -1,23 +1,31 @@
-"""Fine-tuning inputs for sentence and sentence-pair tasks, and TFDS datasets by name.
+"""Sentence and sentence-pair tasks: classification (SST-2, MRPC, MNLI, ...) and regression
+(STS-B), with a dense layer on the pooled [CLS].
 
 Files: GLUE-style TSV (read with no quoting at all, as the GLUE files are written), CSV
 (standard quoting) and JSONL (one object per line), with the text and label columns named (or
-numbered when a file has no header). Token tagging files are read by `conll.py`, SQuAD by
-`squad.py`. Featurisation takes any `bertjax.data.tokenizers.Tokenizer`.
+numbered when a file has no header); or a prepared TFDS GLUE dataset by name.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import logging
 import os
 from typing import Sequence
 
+import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
-from bertjax.data.features import Features, LabelVocab, Packer, stack
+from bertjax import files
+from bertjax.models.heads import BertForSequenceClassification
+from bertjax.tasks import metrics
+from bertjax.tasks.base import Task, TaskSet, register
+from bertjax.tasks.features import Features, LabelVocab, Packer, stack
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +58,6 @@ def read_table(path: str, text_columns: Sequence[Column], label_column: Column |
         if fmt is None:
             raise ValueError(f"{path}: cannot tell the format from the extension; pass fmt as "
                              f"one of tsv, csv, jsonl")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file")
     columns = [*text_columns] + ([label_column] if label_column is not None else [])
     rows = _json_rows(path, columns) if fmt == "jsonl" else _delimited_rows(path, fmt, columns,
                                                                               header)
@@ -72,7 +78,7 @@ def _delimited_rows(path: str, fmt: str, columns: list[Column], header: bool):
         raise ValueError(f"format {fmt!r}: expected one of tsv, csv, jsonl")
     name = os.path.basename(path)
     dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else {}
-    with open(path, encoding="utf-8", newline="") as f:
+    with io.StringIO(files.read_text(path), newline="") as f:
         reader = csv.reader(f, **dialect)
         names = None
         for row in reader:
@@ -105,7 +111,7 @@ def _column_index(path: str, names: list[str], columns: list[Column], header: bo
 
 def _json_rows(path: str, columns: list[Column]):
     name = os.path.basename(path)
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(files.read_text(path)) as f:
         for line_num, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -153,18 +159,10 @@ TFDS_TEXT_TASKS = {
     "glue/qnli": (("question", "sentence"), "label", False),
     "glue/rte": (("sentence1", "sentence2"), "label", False),
 }
-TFDS_SQUAD = ("squad", "squad/v1.1", "squad/v2.0")
 
 
-def read_tfds(name: str, split: str, data_dir: str | None = None) -> list:
-    """TextExamples (GLUE tasks) or SquadExamples (squad) of a prepared TFDS dataset.
-
-    Class labels become their names (e.g. 'negative'/'positive'); GLUE test splits carry no
-    labels (-1) and give label None.
-    """
-    if name not in TFDS_TEXT_TASKS and name not in TFDS_SQUAD:
-        raise ValueError(f"TFDS dataset {name!r}: expected one of "
-                         f"{', '.join([*TFDS_TEXT_TASKS, *TFDS_SQUAD])}")
+def tfds_rows(name: str, split: str, data_dir: str | None):
+    """(builder, numpy rows) of a prepared TFDS dataset; a clear error if it is not there."""
     import tensorflow_datasets as tfds  # only for users who read TFDS
 
     builder = tfds.builder(name, data_dir=data_dir)
@@ -174,10 +172,18 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list:
         raise FileNotFoundError(
             f"TFDS dataset {name} is not prepared under {builder.data_dir}: build it where "
             f"there is internet (`tfds build {name}`) and pass its data_dir") from None
-    rows = tfds.as_numpy(dataset)
-    if name in TFDS_SQUAD:
-        from bertjax.data.squad import squad_examples_from_tfds
-        return squad_examples_from_tfds(rows, f"tfds:{name}/{split}")
+    return builder, tfds.as_numpy(dataset)
+
+
+def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[TextExample]:
+    """TextExamples of a prepared TFDS GLUE dataset.
+
+    Class labels become their names (e.g. 'negative'/'positive'); GLUE test splits carry no
+    labels (-1) and give label None.
+    """
+    if name not in TFDS_TEXT_TASKS:
+        raise ValueError(f"TFDS dataset {name!r}: expected one of {', '.join(TFDS_TEXT_TASKS)}")
+    builder, rows = tfds_rows(name, split, data_dir)
     text_keys, label_key, regression = TFDS_TEXT_TASKS[name]
     label_names = None if regression else builder.info.features[label_key].names
     examples = []
@@ -245,3 +251,122 @@ def _truncate(a: list[int], b: list[int] | None, max_seq_length: int):
     while len(a) + len(b) > budget:
         (a if len(a) > len(b) else b).pop()
     return a, b, int(cut)
+
+
+# --- the tasks ------------------------------------------------------------------------------
+
+
+def _record(example: TextExample) -> dict:
+    record = {"guid": example.guid, "text_a": example.text_a}
+    if example.text_b is not None:
+        record["text_b"] = example.text_b
+    if example.label is not None:
+        record["label"] = example.label
+    return record
+
+
+@register
+class Classification(Task):
+    name = "classification"
+    command = "classify"
+    head = "classifier"
+    targets = ("label",)
+    best_metric = "accuracy"
+    higher_is_better = ("accuracy", "macro_f1", "mcc", "f1")
+    uses_labels = True
+    regression = False
+
+    def read(self, path: str, labelled: bool) -> list[TextExample]:
+        s = self.settings
+        fmt = s.format or FORMATS.get(os.path.splitext(path)[1].lower())
+        if fmt not in ("tsv", "csv", "jsonl"):
+            raise ValueError(f"{path}: task.type {self.name} reads tsv, csv or jsonl files; set "
+                             f"task.format to one of them" + (f", not {fmt}" if fmt else ""))
+        columns = [c if s.header or not str(c).isdigit() else int(c) for c in s.text_columns]
+        return read_table(path, columns, s.label_column if labelled else None, fmt=fmt,
+                          header=s.header, regression=self.regression)
+
+    def read_tfds(self, name: str, split: str, data_dir: str | None) -> list:
+        return read_tfds(name, split, data_dir)
+
+    def label_vocab(self, train_examples: list) -> LabelVocab:
+        return LabelVocab.from_labels(e.label for e in train_examples)
+
+    def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
+        return classification_features(examples, tokenizer, self.settings.max_seq_length,
+                                       labels, regression=self.regression)
+
+    def examples_from_texts(self, texts, context: str = "") -> list[TextExample]:
+        examples = []
+        for i, text in enumerate(texts):
+            a, _, b = text.partition("\t")  # a TAB separates a sentence pair
+            examples.append(TextExample(f"text{i}", a, b if b else None))
+        return examples
+
+    def model(self, config, labels: LabelVocab):
+        return BertForSequenceClassification(config, len(labels))
+
+    def loss_sum(self, logits_BC, batch):
+        labels_B = batch["label"].astype(jnp.int32)
+        return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits_BC, labels_B))
+
+    def fetch(self, logits_BC):
+        return jax.nn.softmax(logits_BC, axis=-1)
+
+    def evaluate(self, taskset: TaskSet, probs_NC, labels: LabelVocab):
+        scores = {}
+        if taskset.labelled:
+            gold, pred = taskset.features.arrays["label"], probs_NC.argmax(-1)
+            scores = {"accuracy": metrics.accuracy(pred, gold),
+                      "macro_f1": metrics.f1(pred, gold, "macro"),
+                      "mcc": metrics.matthews_corrcoef(pred, gold)}
+            if len(labels) == 2:
+                scores["f1"] = metrics.f1(pred, gold, positive=1)
+        records = []
+        for example, probs in zip(taskset.examples, probs_NC):
+            best = int(probs.argmax())
+            records.append({**_record(example), "prediction": labels.labels[best],
+                            "probability": float(probs[best]),
+                            "probabilities": {l: float(p) for l, p in zip(labels.labels, probs)}})
+        return scores, records
+
+    def format_record(self, record: dict) -> str:
+        text = record["text_a"] + (f" | {record['text_b']}" if "text_b" in record else "")
+        return f"{record['prediction']}  {record['probability']:.3f}  {text}"
+
+
+@register
+class Regression(Classification):
+    name = "regression"
+    targets = ("label",)
+    best_metric = "pearson"
+    higher_is_better = ("pearson", "spearman")
+    uses_labels = False
+    regression = True
+
+    def label_vocab(self, train_examples: list) -> None:
+        return None
+
+    def model(self, config, labels):
+        return BertForSequenceClassification(config, 1)
+
+    def loss_sum(self, logits_B1, batch):
+        return jnp.sum(jnp.square(logits_B1[:, 0] - batch["label"].astype(jnp.float32)))
+
+    def fetch(self, logits_B1):
+        return logits_B1[:, 0]
+
+    def evaluate(self, taskset: TaskSet, scores_N, labels):
+        scores = {}
+        if taskset.labelled:
+            gold = taskset.features.arrays["label"]
+            scores = {"pearson": metrics.pearson(scores_N, gold),
+                      "spearman": metrics.spearman(scores_N, gold),
+                      "mse": float(np.mean(np.square(scores_N - gold)))}
+        records = [{**_record(e), "prediction": float(score)}
+                   for e, score in zip(taskset.examples, scores_N)]
+        return scores, records
+
+    def format_record(self, record: dict) -> str:
+        text = record["text_a"] + (f" | {record['text_b']}" if "text_b" in record else "")
+        return f"{record['prediction']:.4f}  {text}"

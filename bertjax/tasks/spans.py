@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from bertjax.data.features import Features
-from bertjax.data.squad import SquadExample, context_words
+from bertjax.tasks.features import Features
+from bertjax.tasks.squad_inputs import SquadExample, context_words
 
 
 def best_answers(examples: Sequence[SquadExample], features: Features, start_logits_NL,

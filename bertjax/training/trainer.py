@@ -1,0 +1,255 @@
+"""The training loop. Pretraining and fine-tuning are its clients; nothing here knows which.
+
+A client gives the trainer its model and an `Objective` (how a batch becomes a loss and
+logged metrics, and what evaluation brings back), the optimizer, and hooks for what
+differs: how parameters start, where batches come from, when and how to evaluate, and what
+host state a checkpoint keeps. The trainer owns the rest, once: the mesh and shardings,
+abstract initialisation, restore-or-start, the jitted steps (`train_step(state, batch, rng)
+-> (state, metrics)`, state donated, dropout key `fold_in(rng, step)`, metrics fetched to the
+host one step late), the checkpoint cadence, preemption (SIGTERM) and the divergence stop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterator, Sequence
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, sharding
+
+
+@flax.struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Objective:
+    """What a client trains, as pure functions of arrays (the trainer jits them).
+
+    apply(params, batch, rng) -> model outputs; rng None: deterministic (evaluation).
+    normalizers(batch) -> the whole batch's totals the loss divides by, computed once per
+        step, so the micro-batches' gradients add up to the full batch's.
+    loss(outputs, micro_batch, normalizers) -> (loss, sums): the micro-batch's share.
+    metrics(loss, sums) -> the step's logged metrics (loss and sums summed over micro-batches).
+    evaluate(outputs, batch) -> what an evaluation step brings back to the host.
+    """
+
+    apply: Callable
+    normalizers: Callable
+    loss: Callable
+    metrics: Callable
+    evaluate: Callable
+
+
+def make_train_step(objective: Objective, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, grad_accum_steps: int):
+    def train_step(state: TrainState, batch: dict, rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        normalizers = objective.normalizers(batch)
+
+        def loss_fn(params, micro_batch, index):
+            outputs = objective.apply(params, micro_batch, jax.random.fold_in(step_rng, index))
+            return objective.loss(outputs, micro_batch, normalizers)
+
+        (loss, sums), grads = optimizers.accumulate_gradients(loss_fn, state.params, batch,
+                                                              grad_accum_steps)
+        updates, opt_state = tx.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        step_metrics = {**objective.metrics(loss, sums), "grad_norm": optax.tree.norm(grads),
+                        "learning_rate": schedule(state.step)}
+        return TrainState(state.step + 1, params, opt_state), step_metrics
+
+    return train_step
+
+
+def make_eval_step(objective: Objective):
+    def eval_step(params, batch: dict):
+        return objective.evaluate(objective.apply(params, batch, None), batch)
+    return eval_step
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cadence:
+    """When the loop stops for the client: evaluation and checkpoints, by step."""
+
+    eval_due: Callable[[int], bool]
+    save_due: Callable[[int], bool]
+
+
+class Trainer:
+    """The shardings, the state, the jitted steps and the loop of one run in `workdir`.
+
+    `mesh` comes from `sharding.make_mesh` (the client builds it first: a model that places
+    sharding constraints is given it). `init(rng)` initialises the model's (logically
+    partitioned) parameters; nothing is materialised until `start`.
+    """
+
+    def __init__(self, *, workdir: str, init: Callable, objective: Objective,
+                 tx: optax.GradientTransformation, schedule: optax.Schedule,
+                 mesh: jax.sharding.Mesh, rules: sharding.Rules, global_batch_size: int,
+                 grad_accum_steps: int, keep_checkpoints: int, seed: int):
+        self.workdir, self.tx, self.mesh = workdir, tx, mesh
+        self.rules = sharding.check_rules(rules)
+        sharding.check_batch_size(global_batch_size, self.mesh, self.rules, grad_accum_steps)
+        self.global_batch_size = global_batch_size
+
+        root = jax.random.PRNGKey(seed)
+        self._init, self._init_key = init, jax.random.fold_in(root, 0)
+        self._dropout_key = jax.random.fold_in(root, 1)
+        boxed = jax.eval_shape(init, self._init_key)
+        self.param_shardings = sharding.param_shardings(boxed, self.mesh, self.rules)
+        self.abstract_params = with_shardings(nn.unbox(boxed), self.param_shardings)
+        abstract_opt = jax.eval_shape(tx.init, self.abstract_params)
+        self.opt_shardings = sharding.optimizer_shardings(tx, abstract_opt, self.param_shardings,
+                                                          self.mesh)
+        self.abstract_opt_state = with_shardings(abstract_opt, self.opt_shardings)
+        self.replicated = sharding.replicated(self.mesh)
+        self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
+        state_sh = TrainState(self.replicated, self.param_shardings, self.opt_shardings)
+        self.train_step = self._in_mesh(jax.jit(
+            make_train_step(objective, tx, schedule, grad_accum_steps),
+            in_shardings=(state_sh, self.batch_sharding, self.replicated),
+            out_shardings=(state_sh, self.replicated), donate_argnums=(0,)))
+        self.eval_step = self._in_mesh(jax.jit(
+            make_eval_step(objective), in_shardings=(self.param_shardings, self.batch_sharding),
+            out_shardings=self.replicated))
+        self.checkpoints = checkpoints.RunCheckpoints(workdir, keep_checkpoints)
+        self.state: TrainState | None = None
+        self.rng: jax.Array | None = None
+        self.resumed_from: int | None = None
+
+    def _in_mesh(self, fn: Callable) -> Callable:
+        """`fn` traced with the logical axis rules in context, for the model's logical
+        sharding constraints."""
+        def call(*args):
+            with nn.logical_axis_rules(self.rules):
+                return fn(*args)
+        return call
+
+    # --- the state ---------------------------------------------------------------------------
+
+    def fresh_params(self, exclude: Sequence[str] = ()) -> dict:
+        """Randomly initialised parameters, sharded; top-level `exclude`d parts (to be loaded
+        from a checkpoint instead) are never materialised."""
+        shardings = {k: v for k, v in self.param_shardings.items() if k not in exclude}
+
+        def init(key):
+            return {k: v for k, v in nn.unbox(self._init(key)).items() if k not in exclude}
+        return jax.jit(init, out_shardings=shardings)(self._init_key)
+
+    def start(self, initial_params: Callable[[], dict]) -> dict | None:
+        """Restores the latest checkpoint of the workdir (returns its host state), or starts
+        from `initial_params()` (returns None)."""
+        latest = self.checkpoints.latest_step()
+        if latest is None:
+            params = initial_params()
+            opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+            self.state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), self.replicated),
+                                    params, opt_state)
+            self.rng = jax.device_put(self._dropout_key, self.replicated)
+            return None
+        restored = self.checkpoints.restore(
+            latest, abstract_params=self.abstract_params,
+            abstract_opt_state=self.abstract_opt_state,
+            abstract_progress={
+                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
+                "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.replicated)})
+        metrics_lib.truncate_jsonl(self.workdir, latest)
+        self.state = TrainState(restored["progress"]["step"], restored["params"],
+                                restored["opt_state"])
+        self.rng = restored["progress"]["rng"]
+        self.resumed_from = latest
+        return restored["host"]
+
+    @property
+    def step(self) -> int:
+        return int(jax.device_get(self.state.step))
+
+    def global_batch(self, local: dict[str, np.ndarray], size: int | None = None) -> dict:
+        """Global arrays of a batch from this process's rows of it."""
+        return sharding.make_global_batch(local, self.batch_sharding,
+                                          size or self.global_batch_size)
+
+    def place_rows(self, batch: dict[str, np.ndarray]) -> dict:
+        """Global arrays of a batch every process holds whole (it keeps its own rows)."""
+        return self.global_batch({k: sharding.local_rows(v) for k, v in batch.items()},
+                                 len(next(iter(batch.values()))))
+
+    def save(self, step: int, host: dict) -> None:
+        self.checkpoints.save(step, params=self.state.params, opt_state=self.state.opt_state,
+                              progress={"step": self.state.step, "rng": self.rng}, host=host)
+
+    # --- the loop ----------------------------------------------------------------------------
+
+    def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog,
+            cadence: Cadence, evaluate: Callable[[int], None],
+            host_state: Callable[[], dict]) -> tuple[int, bool]:
+        """Trains to step `total` on `batches` (this process's rows), evaluating and saving
+        when `cadence` says, and at the end; returns (step reached, preempted).
+
+        A checkpoint never holds a diverged state: the step's metrics are checked before
+        every save. On SIGTERM the step is saved and the loop stops.
+        """
+        step, pending, preempted = self.step, None, False
+        log.last_good_checkpoint = self.resumed_from
+        if self.resumed_from is not None:
+            log.console.print(f"resumed from step {self.resumed_from} "
+                              f"({self.checkpoints.directory})")
+        try:
+            while step < total:
+                self.state, step_metrics = self.train_step(
+                    self.state, self.global_batch(next(batches)), self.rng)
+                step += 1
+                if pending is not None:
+                    log.record(*pending, self.checkpoints.directory)
+                pending = (step, step_metrics)
+                preempted = self.checkpoints.preemption_requested(step)
+                eval_due = cadence.eval_due(step)
+                save_due = cadence.save_due(step) or step == total or preempted
+                if eval_due or save_due:
+                    log.record(*pending, self.checkpoints.directory)
+                    pending = None
+                    if save_due:
+                        self.save(step, host_state())
+                        log.last_good_checkpoint = step
+                    if eval_due:
+                        evaluate(step)
+                    log.restart_clock(step)
+                if preempted:
+                    log.console.print(f"SIGTERM: saved step {step} in "
+                                      f"{self.checkpoints.directory}; run the same command "
+                                      "again to resume")
+                    break
+            if pending is not None:
+                log.record(*pending, self.checkpoints.directory)
+        finally:
+            self.checkpoints.close()
+        return step, preempted
+
+
+def batched_outputs(step_fn: Callable, params, arrays: dict[str, np.ndarray],
+                    keys: Sequence[str], batch_size: int, place: Callable = dict) -> Any:
+    """`step_fn(params, batch)` for every row of `arrays`, in batches of `batch_size` (the
+    last one padded with row 0, its outputs cut off again), fetched to the host.
+    `place(batch)` turns a batch of numpy rows into the step's input."""
+    n = len(arrays[keys[0]])
+    rows = np.concatenate([np.arange(n), np.zeros(-n % batch_size, np.int64)])
+    outputs = []
+    for start in range(0, len(rows), batch_size):
+        batch = place({k: arrays[k][rows[start:start + batch_size]] for k in keys})
+        outputs.append(jax.device_get(step_fn(params, batch)))
+    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
