@@ -23,13 +23,8 @@ CHECKPOINT_NAME = "bert_model.ckpt"
 
 
 def _tf():
-    import tensorflow as tf
-    try:
-        # TensorFlow only moves arrays here; it must not claim the accelerators JAX uses.
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        pass  # already initialised by the caller, which chose its devices itself
-    return tf
+    from bertjax.data import tensorflow
+    return tensorflow()
 
 
 def find_checkpoint(path: str) -> str:

@@ -1,0 +1,22 @@
+"""The pretraining input pipeline. TensorFlow is used here for data only."""
+
+import functools
+import os
+
+
+@functools.cache
+def tensorflow():
+    """TensorFlow, quiet and kept off the accelerators so it never takes memory JAX needs.
+
+    Every bertjax use of TensorFlow (the pipeline, shard writing, TensorBoard, TF checkpoint
+    conversion) gets it from here; hiding devices only works before TF first touches them.
+    """
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # else it announces itself on stderr
+    import tensorflow as tf
+    for kind in ("GPU", "TPU"):
+        try:
+            tf.config.set_visible_devices([], kind)
+        except (RuntimeError, ValueError):
+            pass  # already initialised, or no such device type in this build
+    return tf

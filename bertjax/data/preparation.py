@@ -10,7 +10,6 @@ locally; for a gs:// output, staged on the local disk and copied up, the manifes
 from __future__ import annotations
 
 import collections
-import functools
 import multiprocessing
 import os
 import sys
@@ -22,18 +21,7 @@ from bertjax.data import corpus as corpus_lib
 from bertjax.data import tokenizers
 
 # No TensorFlow at module level: worker processes are spawned, and each imports this module
-# (and the `bertjax.prepare` CLI) again. TensorFlow only writes files here: keep it quiet and
-# off the accelerators.
-
-
-@functools.cache
-def _tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # else it announces itself on stderr
-    import tensorflow as tf
-    tf.config.set_visible_devices([], "GPU")
-    return tf
-
+# (and the `bertjax.prepare` CLI) again. TensorFlow only writes files here.
 
 _CHUNK_UNITS = 2048  # paragraphs per worker task: large enough to amortize the round trip
 
@@ -210,8 +198,8 @@ def prepare(corpus: corpus_lib.Corpus, output: str, tokenizer: str = "train",
     `tokenizer` is a tokenizer path for `load_tokenizer`, or "train" for a SentencePiece model
     of `vocab_size` trained on the corpus. `lowercase` None takes the tokenizer's own setting.
     """
-    _tf()
-    from bertjax.data import shards
+    from bertjax.data import shards, tensorflow
+    tensorflow()
 
     if num_shards < 1:
         raise ValueError(f"--num_shards={num_shards}: expected at least 1")

@@ -34,24 +34,15 @@ from typing import Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data import document_pool, examples
+from bertjax.data import document_pool, examples, tensorflow
+from bertjax.data.tokenizers import SPECIAL_TOKENS
 from bertjax.data.examples import Recipe
 
 
-def _hide_accelerators() -> None:
-    # TF must not grab the GPU/TPU memory that JAX is about to use.
-    for kind in ("GPU", "TPU"):
-        try:
-            tf.config.set_visible_devices([], kind)
-        except (RuntimeError, ValueError):
-            pass  # already initialised, or no such device type in this build
-
-
-_hide_accelerators()
+tensorflow()  # before any TF op: keeps TF off the accelerators
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
-_SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,7 +63,7 @@ class Vocab:
                    ids["[SEP]"], ids["[MASK]"], np.asarray(tokenizer.word_start_table(), bool))
 
     def special_ids(self) -> dict[str, int]:
-        return dict(zip(_SPECIAL_TOKENS,
+        return dict(zip(SPECIAL_TOKENS,
                         (self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id)))
 
     def random_ids(self) -> np.ndarray:

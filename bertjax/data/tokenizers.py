@@ -235,12 +235,17 @@ class WordPieceTokenizer(Tokenizer):
 _NORMAL, _BYTE = 1, 6
 
 
-def _is_cjk(char: str) -> bool:
-    """CJK ideographs (the ranges BERT isolates) and Japanese kana: scripts written unspaced."""
-    cp = ord(char)
+def is_cjk_ideograph(cp: int) -> bool:
+    """The CJK ideograph ranges BERT's basic tokenizer makes single tokens."""
     return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
             or 0x2A700 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF or 0xF900 <= cp <= 0xFAFF
-            or 0x2F800 <= cp <= 0x2FA1F or 0x3040 <= cp <= 0x30FF)
+            or 0x2F800 <= cp <= 0x2FA1F)
+
+
+def _is_unspaced(char: str) -> bool:
+    """CJK ideographs and Japanese kana: scripts written without spaces between words."""
+    cp = ord(char)
+    return is_cjk_ideograph(cp) or 0x3040 <= cp <= 0x30FF
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -316,7 +321,7 @@ class SentencePieceTokenizer(Tokenizer):
                 continue
             table[i] = (piece.type != _NORMAL or not text or text.startswith("\u2581")
                         or all(unicodedata.category(c)[0] in "PS" for c in text)
-                        or _is_cjk(text[0]))
+                        or _is_unspaced(text[0]))
         return table
 
     def save(self, directory: str) -> list[str]:

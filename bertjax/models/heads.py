@@ -66,6 +66,14 @@ class BertForPreTraining(nn.Module):
                 "nsp_logits": nsp_logits_B2.astype(jnp.float32)}
 
 
+def init_params(model: nn.Module, rng) -> dict:
+    """The (logically partitioned) parameters of any model of this package, initialised from
+    dummy inputs (parameter shapes do not depend on the input's)."""
+    ids = jnp.zeros((1, 1), jnp.int32)
+    positions = (ids,) if isinstance(model, BertForPreTraining) else ()
+    return model.init(rng, ids, ids, ids, *positions)["params"]
+
+
 class BertForSequenceClassification(nn.Module):
     """Dropout + dense on the pooled [CLS]: [B, num_labels] float32 logits.
 

@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from bertjax import files
+from bertjax.data.tokenizers import is_cjk_ideograph
 from bertjax.tasks.features import Features, Packer, WordEncoder, stack
 
 log = logging.getLogger(__name__)
@@ -123,12 +124,6 @@ def _report(where: str, examples, counts) -> None:
 # --- words with character spans -------------------------------------------------------------
 
 
-def _is_cjk(cp: int) -> bool:
-    return (0x4E00 <= cp <= 0x9FFF or 0x3400 <= cp <= 0x4DBF or 0x20000 <= cp <= 0x2A6DF
-            or 0x2A700 <= cp <= 0x2B73F or 0x2B740 <= cp <= 0x2B81F or 0x2B820 <= cp <= 0x2CEAF
-            or 0xF900 <= cp <= 0xFAFF or 0x2F800 <= cp <= 0x2FA1F)
-
-
 @functools.lru_cache(maxsize=None)
 def _char_kind(ch: str) -> int:
     """0 separator (whitespace, control), 1 a word of its own (punctuation, CJK), 2 word part."""
@@ -136,7 +131,7 @@ def _char_kind(ch: str) -> int:
     if ch.isspace() or category in ("Zs", "Cc", "Cf") or cp in (0, 0xFFFD):
         return 0
     if (33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
-            or category.startswith("P") or _is_cjk(cp)):
+            or category.startswith("P") or is_cjk_ideograph(cp)):
         return 1
     return 2
 

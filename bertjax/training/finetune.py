@@ -16,19 +16,20 @@ exported to WORKDIR/model (a model directory plus task.json and labels.json) for
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Iterator, Sequence
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from bertjax import files
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.models.bert import BertConfig, BertModel
+from bertjax.models.heads import init_params
 from bertjax.tasks import base as tasks
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
@@ -60,11 +61,8 @@ def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> d
         raise ValueError(f"init_checkpoint {source.path}: its parameters have no 'bert' "
                          f"encoder (found {', '.join(sorted(stored))})")
 
-    def init(key):
-        ids = jnp.zeros((1, 8), jnp.int32)
-        return BertModel(source.config).init(key, ids, ids, ids)["params"]
-
-    boxed = jax.eval_shape(init, jax.random.PRNGKey(0))
+    boxed = jax.eval_shape(functools.partial(init_params, BertModel(source.config)),
+                           jax.random.PRNGKey(0))
     encoder = with_shardings(nn.unbox(boxed), sharding.param_shardings(boxed, mesh, rules))
     other = sharding.replicated(mesh)
     abstract = {name: encoder if name == "bert" else jax.tree.map(
@@ -162,14 +160,10 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     total = max(1, round(train_cfg.num_epochs * per_epoch))
     tx, schedule = make_optimizer(config.optimizer, total)
     seq_len = config.task.max_seq_length
-
-    def init(key):
-        ids = jnp.zeros((1, seq_len), jnp.int32)
-        return model.init(key, ids, ids, ids)["params"]
-
     if jax.process_index() == 0:
         files.makedirs(workdir)
-    trainer = Trainer(workdir=workdir, init=init, objective=objective(model, task), tx=tx,
+    trainer = Trainer(workdir=workdir, init=functools.partial(init_params, model),
+                      objective=objective(model, task), tx=tx,
                       schedule=schedule, mesh=sharding.make_mesh(config.mesh.shape, devices),
                       rules=config.mesh.rules, global_batch_size=batch_size,
                       grad_accum_steps=config.optimizer.grad_accum_steps,

@@ -1,9 +1,8 @@
 """Where training metrics go: metrics.jsonl, TensorBoard events and a console progress line.
 
 TensorBoard events are written by `tf.summary.scalar` (TensorFlow is here for the input
-pipeline anyway; the `tensorboard` package provides the scalar summary and the viewer). TF is
-kept off the accelerators (`hide_accelerators_from_tf`) so it never takes memory that JAX
-needs. Only process 0 writes.
+pipeline anyway; the `tensorboard` package provides the scalar summary and the viewer). Only
+process 0 writes.
 
 Model-FLOPs utilisation (MFU) compares the model's matmul FLOPs per second with the devices'
 peak: a table of dense bf16 peaks for known accelerators, or, on CPU and unknown devices, a
@@ -42,15 +41,6 @@ PEAK_FLOPS = {
     "NVIDIA H200": 989e12,
     "NVIDIA A100": 312e12,
 }
-
-
-def hide_accelerators_from_tf() -> None:
-    """Keeps TensorFlow on the CPU; harmless once TF has already picked its devices."""
-    import tensorflow as tf
-    try:
-        tf.config.set_visible_devices([], "GPU")
-    except RuntimeError:
-        pass
 
 
 def encoder_flops_per_sequence(config: BertConfig, seq_len: int) -> float:
@@ -177,12 +167,12 @@ class MetricWriter:
         self.enabled = jax.process_index() == 0
         if not self.enabled:
             return
-        hide_accelerators_from_tf()
-        import tensorflow as tf
-        self._tf = tf
+        from bertjax.data import tensorflow
+        self._tf = tensorflow()
         files.makedirs(workdir)
         self._jsonl = _Jsonl(files.path(workdir) / METRICS_FILE)
-        self._summary = tf.summary.create_file_writer(os.path.join(workdir, TENSORBOARD_DIR))
+        self._summary = self._tf.summary.create_file_writer(
+            os.path.join(workdir, TENSORBOARD_DIR))
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:

@@ -10,6 +10,7 @@ resumed run sees exactly the batches an uninterrupted one would.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import jax
@@ -20,7 +21,7 @@ from jax.experimental import multihost_utils
 
 from bertjax import files
 from bertjax.models.bert import BertConfig
-from bertjax.models.heads import BertForPreTraining
+from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pretrain_config
 from bertjax.training import sharding
 from bertjax.training.trainer import Cadence, Objective, Trainer
@@ -160,11 +161,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
     tx = optimizers.make_optimizer(opt.name, schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
                                    weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
 
-    def init(key):
-        ids = jnp.zeros((1, seq_len), jnp.int32)
-        return model.init(key, ids, ids, ids, jnp.zeros((1, predictions), jnp.int32))["params"]
-
-    trainer = Trainer(workdir=workdir, init=init, objective=objective(model, config.data.nsp),
+    trainer = Trainer(workdir=workdir, init=functools.partial(init_params, model), objective=objective(model, config.data.nsp),
                       tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
                       global_batch_size=train_cfg.global_batch_size,
                       grad_accum_steps=opt.grad_accum_steps,
