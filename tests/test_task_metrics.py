@@ -1,8 +1,10 @@
-"""Task metrics against hand-checked cases and scipy; the entity-level expectations were
-worked by hand and agree with seqeval 1.2.2 (default mode), which the package does not use."""
+"""Task metrics against hand-checked cases and against the libraries they re-implement
+(scikit-learn, scipy, seqeval's default mode), which bertjax itself does not depend on."""
 import numpy as np
 import pytest
 import scipy.stats
+import seqeval.metrics
+import sklearn.metrics
 
 from bertjax.tasks import tag_schemes as tagging
 from bertjax.tasks import metrics as tm
@@ -22,6 +24,47 @@ def test_classification_metrics_hand_checked():
     assert tm.matthews_corrcoef(binary_p, binary_l) == pytest.approx(expected)
     assert tm.matthews_corrcoef([1, 1, 1], [0, 1, 0]) == 0.0  # undefined -> 0, as sklearn
     assert tm.matthews_corrcoef([0, 1, 2, 0], [0, 1, 2, 0]) == pytest.approx(1.0)
+
+
+def test_classification_metrics_agree_with_scikit_learn():
+    rng = np.random.default_rng(0)
+    for classes, n in ((2, 300), (3, 200), (5, 50)):
+        labels = rng.integers(0, classes, n)
+        preds = np.where(rng.random(n) < 0.6, labels, rng.integers(0, classes, n))
+        assert tm.accuracy(preds, labels) == pytest.approx(
+            sklearn.metrics.accuracy_score(labels, preds), abs=1e-12)
+        assert tm.f1(preds, labels, "macro") == pytest.approx(
+            sklearn.metrics.f1_score(labels, preds, average="macro"), abs=1e-12)
+        assert tm.matthews_corrcoef(preds, labels) == pytest.approx(
+            sklearn.metrics.matthews_corrcoef(labels, preds), abs=1e-12)
+        if classes == 2:
+            assert tm.f1(preds, labels) == pytest.approx(
+                sklearn.metrics.f1_score(labels, preds), abs=1e-12)
+
+
+def _random_tags(rng, length: int, prefixes: str) -> list[str]:
+    """Tag sequences that break their scheme now and then, as model predictions do."""
+    out = []
+    for _ in range(length):
+        prefix = rng.choice(list(prefixes) + ["O"] * 2)
+        out.append("O" if prefix == "O" else f"{prefix}-{rng.choice(['PER', 'LOC', 'ORG'])}")
+    return out
+
+
+@pytest.mark.parametrize("prefixes", ["BI", "BIES"])
+def test_entity_scores_agree_with_seqeval_default_mode(prefixes):
+    rng = np.random.default_rng(len(prefixes))
+    gold = [_random_tags(rng, int(rng.integers(1, 15)), prefixes) for _ in range(300)]
+    pred = [[t if rng.random() < 0.7 else _random_tags(rng, 1, prefixes)[0] for t in s]
+            for s in gold]
+    ours = tm.entity_scores(gold, pred)
+    for name in ("precision", "recall", "f1"):
+        theirs = getattr(seqeval.metrics, f"{name}_score")(gold, pred)
+        assert ours[name] == pytest.approx(theirs, abs=1e-12), name
+    report = seqeval.metrics.classification_report(gold, pred, output_dict=True)
+    for kind, scores in ours["per_type"].items():
+        assert scores["f1"] == pytest.approx(report[kind]["f1-score"], abs=1e-12), kind
+        assert scores["support"] == report[kind]["support"], kind
 
 
 def test_metrics_reject_mismatched_inputs():
