@@ -52,7 +52,6 @@ class Task(abc.ABC):
 
     name: ClassVar[str]  # the value of task.type
     command: ClassVar[str]  # `python -m bertjax.predict COMMAND` for its models
-    head: ClassVar[str]  # the head's name in the parameter tree, beside 'bert'
     targets: ClassVar[tuple[str, ...]]  # feature arrays the loss reads
     best_metric: ClassVar[str]
     higher_is_better: ClassVar[tuple[str, ...]]  # what task.best_metric may name

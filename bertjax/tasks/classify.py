@@ -269,7 +269,6 @@ def _record(example: TextExample) -> dict:
 class Classification(Task):
     name = "classification"
     command = "classify"
-    head = "classifier"
     targets = ("label",)
     best_metric = "accuracy"
     higher_is_better = ("accuracy", "macro_f1", "mcc", "f1")

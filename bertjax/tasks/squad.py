@@ -21,7 +21,6 @@ TFDS_NAMES = ("squad", "squad/v1.1", "squad/v2.0")
 class Squad(Task):
     name = "squad"
     command = "qa"
-    head = "qa_outputs"
     targets = ("start_positions", "end_positions")
     best_metric = "f1"
     higher_is_better = ("f1", "exact")

@@ -205,7 +205,6 @@ def words_of(text: str) -> list[str]:
 class Tagging(Task):
     name = "tagging"
     command = "tag"
-    head = "classifier"
     targets = ("label_ids",)
     best_metric = "f1"
     higher_is_better = ("f1", "precision", "recall", "token_accuracy")

@@ -151,12 +151,6 @@ def load_model_config(directory: str, **overrides) -> BertConfig:
         raise ValueError(f"{path}: {e}") from None
 
 
-def load_model(directory: str, abstract_params: Any | None = None, **config_overrides):
-    """(config, params) of a model directory."""
-    config = load_model_config(directory, **config_overrides)
-    return config, restore_params(str(_path(directory) / PARAMS_DIR), abstract_params)
-
-
 CHECKPOINTS_DIR = "checkpoints"
 
 
@@ -248,73 +242,52 @@ def write_architecture(workdir: str, config: BertConfig, tokenizer=None) -> None
 class ModelSource:
     """A model's config, tokenizer and parameters, wherever `open_model` found them."""
 
-    path: str  # what was asked for, for messages
     config: BertConfig
     tokenizer_dir: str
-    model_dir: str | None  # a model directory (params/, maybe task.json), or
-    run_dir: str | None  # a pretraining workdir whose latest checkpoint holds the params
+    params_dir: str  # a model directory's params/, or a run checkpoint's params item
+    model_dir: str | None  # the model directory (maybe with task.json); None for a run
 
     def param_metadata(self) -> Any:
         """The stored parameter tree of ShapeDtypeStruct-like leaves (nothing is read)."""
-        if self.model_dir is not None:
-            with ocp.StandardCheckpointer() as checkpointer:
-                return _tree_metadata(checkpointer.metadata(
-                    _path(self.model_dir) / PARAMS_DIR).item_metadata)
-        with self._run_manager() as manager:
-            return _tree_metadata(manager.item_metadata(self._latest(manager))["params"])
+        with ocp.StandardCheckpointer() as checkpointer:
+            return _tree_metadata(checkpointer.metadata(_path(self.params_dir)).item_metadata)
 
     def load_params(self, abstract_params: Any | None = None) -> Any:
         """The parameters, checked against and placed as `abstract_params` (if given)."""
-        if self.model_dir is not None:
-            return restore_params(str(_path(self.model_dir) / PARAMS_DIR), abstract_params)
-        with self._run_manager() as manager:
-            step = self._latest(manager)
-            if abstract_params is None:
-                abstract_params = _on_first_device(
-                    _tree_metadata(manager.item_metadata(step)["params"]))
-            where = f"{self.path}: checkpoint {os.path.join(self.run_dir, CHECKPOINTS_DIR, str(step))}"
-            check_same_shapes(abstract_params, _tree_metadata(manager.item_metadata(step)["params"]),
-                              where)
-            return manager.restore(step, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract_params)))["params"]
-
-    def _run_manager(self):
-        return ocp.CheckpointManager(os.path.join(self.run_dir, CHECKPOINTS_DIR),
-                                     item_handlers=_item_handlers(),
-                                     options=ocp.CheckpointManagerOptions(read_only=True))
-
-    def _latest(self, manager) -> int:
-        step = manager.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{self.path}: the pretraining run has no checkpoint yet")
-        return step
+        return restore_params(self.params_dir, abstract_params)
 
 
 def open_model(path: str, tokenizer: str = "") -> ModelSource:
     """What `path` holds as a model: a model directory (conversion output, an export), a
     finished run's workdir (its WORKDIR/model), or a pretraining workdir (its latest
     checkpoint, even mid-run). `tokenizer` overrides where the tokenizer is read from."""
-    if not path:
-        raise ValueError("no model given: expected a model directory (python -m bertjax.convert "
-                         "output, a run's WORKDIR/model) or a pretraining workdir")
     p = _path(path)
     run = p / ARCHITECTURE_DIR
-    if (p / CONFIG_FILE).exists():
-        model_dir, run_dir, described = str(p), None, str(p)
-    elif (run / CONFIG_FILE).exists() and (p / CHECKPOINTS_DIR).is_dir():
-        model_dir, run_dir, described = None, str(p), str(run)
-    elif (p / MODEL_DIR / CONFIG_FILE).exists():
-        model_dir, run_dir, described = str(p / MODEL_DIR), None, str(p / MODEL_DIR)
-    elif not p.exists():
+    if not (p / CONFIG_FILE).exists() and (run / CONFIG_FILE).exists() and (
+            p / CHECKPOINTS_DIR).is_dir():  # a pretraining run: newer than any export
+        with ocp.CheckpointManager(str(p / CHECKPOINTS_DIR),
+                                   options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
+            step = mngr.latest_step()
+        if step is None:
+            raise FileNotFoundError(f"{path}: the pretraining run has no checkpoint yet")
+        return ModelSource(load_model_config(str(run)), tokenizer or str(run),
+                           str(p / CHECKPOINTS_DIR / str(step) / "params"), None)
+    for model_dir in (p, p / MODEL_DIR):
+        if (model_dir / CONFIG_FILE).exists():
+            return ModelSource(load_model_config(str(model_dir)), tokenizer or str(model_dir),
+                               str(model_dir / PARAMS_DIR), str(model_dir))
+    if not p.exists():
         raise FileNotFoundError(f"{path}: no such model directory or workdir")
-    else:
-        raise FileNotFoundError(
-            f"{path}: neither a model directory (with {CONFIG_FILE}) nor a workdir with an "
-            f"exported model ({MODEL_DIR}/{CONFIG_FILE}) or pretraining checkpoints "
-            f"({CHECKPOINTS_DIR}/ and {ARCHITECTURE_DIR}/)")
-    return ModelSource(path=path, config=load_model_config(described),
-                       tokenizer_dir=tokenizer or described, model_dir=model_dir,
-                       run_dir=run_dir)
+    raise FileNotFoundError(
+        f"{path}: neither a model directory (with {CONFIG_FILE}) nor a workdir with an "
+        f"exported model ({MODEL_DIR}/{CONFIG_FILE}) or pretraining checkpoints "
+        f"({CHECKPOINTS_DIR}/ and {ARCHITECTURE_DIR}/)")
+
+
+def load_model(path: str, abstract_params: Any | None = None) -> tuple[BertConfig, Any]:
+    """(config, params) of anything `open_model` reads."""
+    source = open_model(path)
+    return source.config, source.load_params(abstract_params)
 
 
 def _on_first_device(metadata: Any) -> Any:

@@ -34,7 +34,7 @@ from bertjax.tasks import base as tasks
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 from bertjax.training.pretrain import DTYPES
-from bertjax.training.trainer import Cadence, Objective, Trainer, batched_outputs
+from bertjax.training.trainer import Objective, Trainer, batched_outputs
 from bertjax.training.trainer import with_shardings
 
 RESULTS_FILE = "eval_results.json"
@@ -58,7 +58,7 @@ def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> d
     whatever else it holds (pretraining or task heads) is read and dropped."""
     stored = source.param_metadata()
     if "bert" not in stored:
-        raise ValueError(f"init_checkpoint {source.path}: its parameters have no 'bert' "
+        raise ValueError(f"init_checkpoint {source.params_dir}: its parameters have no 'bert' "
                          f"encoder (found {', '.join(sorted(stored))})")
 
     boxed = jax.eval_shape(functools.partial(init_params, BertModel(source.config)),
@@ -185,8 +185,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     flops = metrics_lib.encoder_flops_per_sequence(cfg, seq_len) * batch_size
     peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat), 0.0)
     log = metrics_lib.TrainingLog(workdir, total, train_cfg.log_every, batch_size, flops, peak,
-                                  config.quiet, host_state.get("window", []),
-                                  line=metrics_lib.finetuning_line)
+                                  config.quiet, host_state.get("window", []))
 
     def evaluate(at: int, sets: list[tasks.TaskSet]) -> None:
         for taskset in sets:
@@ -203,13 +202,15 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
             write_predictions(workdir, taskset.name, records, task)
 
     keys = tasks.INPUTS + task.targets
-    epoch_end = lambda s: s % per_epoch == 0 or s == total  # noqa: E731
+    def epoch_end(s: int) -> bool:
+        return s % per_epoch == 0 or s == total
+
     try:
         step, preempted = trainer.fit(
             total, training_batches(data.train.features.arrays, keys, batch_size, per_epoch,
                                     config.seed, trainer.step),
-            log, Cadence(eval_due=epoch_end, save_due=epoch_end),
-            lambda at: evaluate(at, data.evals),
+            log, eval_due=epoch_end, save_due=epoch_end,
+            evaluate=lambda at: evaluate(at, data.evals),
             host_state=lambda: {"history": history, "window": log.window})
         if trainer.resumed_from == total:  # the run had already finished: report it again
             evaluate(step, data.evals)

@@ -96,19 +96,11 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def pretraining_line(step: int, total: int, m: dict, eta_s: float) -> str:
-    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}",
-             f"mlm_acc {m['mlm_accuracy']:.3f}"]
-    if "nsp_accuracy" in m:
-        parts.append(f"nsp_acc {m['nsp_accuracy']:.3f}")
-    if "seq_per_sec" in m:
-        parts += [f"{m['seq_per_sec']:.1f} seq/s", f"MFU {100 * m['mfu']:.1f}%"]
-    parts.append(f"ETA {format_duration(eta_s)}")
-    return " | ".join(parts)
-
-
-def finetuning_line(step: int, total: int, m: dict, eta_s: float) -> str:
-    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}", f"lr {m['learning_rate']:.2e}"]
+def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
+    parts = [f"step {step}/{total}", f"loss {m['loss']:.4f}"]
+    parts += [f"{label} {m[key]:.3f}" for key, label in (("mlm_accuracy", "mlm_acc"),
+                                                         ("nsp_accuracy", "nsp_acc")) if key in m]
+    parts.append(f"lr {m['learning_rate']:.2e}")
     if "seq_per_sec" in m:
         parts += [f"{m['seq_per_sec']:.1f} seq/s", f"MFU {100 * m['mfu']:.1f}%"]
     parts.append(f"ETA {format_duration(eta_s)}")
@@ -211,11 +203,10 @@ class TrainingLog:
     sequences/s and MFU once a rate is measured), console lines, and the divergence stop."""
 
     def __init__(self, workdir: str, total_steps: int, log_every: int, seq_per_step: int,
-                 flops_per_step: float, peak_flops: float, quiet: bool, window: list,
-                 line=pretraining_line):
+                 flops_per_step: float, peak_flops: float, quiet: bool, window: list):
         self.writer = MetricWriter(workdir)
         self.console = Console(quiet)
-        self.total_steps, self.log_every, self.line = total_steps, log_every, line
+        self.total_steps, self.log_every = total_steps, log_every
         self.seq_per_step, self.flops_per_step, self.peak = seq_per_step, flops_per_step, peak_flops
         self.window = window  # steps since the last log record; saved with checkpoints
         self.last_good_checkpoint: int | None = None
@@ -254,7 +245,7 @@ class TrainingLog:
             record["mfu"] = self._rate * self.flops_per_step / self.peak
             eta = (self.total_steps - step) / self._rate
         self.writer.write(step, record)
-        self.console.print(self.line(step, self.total_steps, record, eta))
+        self.console.print(progress_line(step, self.total_steps, record, eta))
 
     def eval_record(self, step: int, metrics: dict, prefix: str = "eval_",
                     heading: str = "") -> None:

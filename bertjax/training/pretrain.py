@@ -24,7 +24,7 @@ from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pretrain_config
 from bertjax.training import sharding
-from bertjax.training.trainer import Cadence, Objective, Trainer
+from bertjax.training.trainer import Objective, Trainer
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
@@ -127,16 +127,16 @@ def _gather_positions(position: dict) -> list[dict]:
     return [dict(zip(keys, row.tolist())) for row in rows]
 
 
-def _batches(iterator) -> Iterator[dict]:
-    while True:
-        yield _features(next(iterator))
-
-
 def _features(local: dict) -> dict:
     missing = [f for f in FEATURES if f not in local]
     if missing:
         raise ValueError(f"input batch lacks features {missing}; expected {FEATURES}")
     return {f: local[f] for f in FEATURES}
+
+
+def _batches(iterator) -> Iterator[dict]:
+    while True:
+        yield _features(next(iterator))
 
 
 def train(config: Any, workdir: str, data: PretrainingData,
@@ -207,11 +207,11 @@ def train(config: Any, workdir: str, data: PretrainingData,
                                  for k, v in summarize(totals, config.data.nsp).items()})
 
     evaluating = data.eval is not None and train_cfg.eval_every and train_cfg.eval_batches
-    cadence = Cadence(eval_due=lambda s: bool(evaluating) and s % train_cfg.eval_every == 0,
-                      save_due=lambda s: s % train_cfg.checkpoint_every == 0)
     try:
         step, preempted = trainer.fit(
-            train_cfg.num_steps, _batches(iterator), log, cadence, evaluate,
+            train_cfg.num_steps, _batches(iterator), log,
+            eval_due=lambda s: bool(evaluating) and s % train_cfg.eval_every == 0,
+            save_due=lambda s: s % train_cfg.checkpoint_every == 0, evaluate=evaluate,
             host_state=lambda: {"data_positions": _gather_positions(iterator.position()),
                                 "window": log.window, "process_count": jax.process_count()})
     finally:

@@ -82,14 +82,6 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
                         abstract, shardings)
 
 
-@dataclasses.dataclass(frozen=True)
-class Cadence:
-    """When the loop stops for the client: evaluation and checkpoints, by step."""
-
-    eval_due: Callable[[int], bool]
-    save_due: Callable[[int], bool]
-
-
 class Trainer:
     """The shardings, the state, the jitted steps and the loop of one run in `workdir`.
 
@@ -195,11 +187,14 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------
 
-    def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog,
-            cadence: Cadence, evaluate: Callable[[int], None],
-            host_state: Callable[[], dict]) -> tuple[int, bool]:
+    def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog, *,
+            eval_due: Callable[[int], bool], save_due: Callable[[int], bool],
+            evaluate: Callable[[int], None], host_state: Callable[[], dict]
+            ) -> tuple[int, bool]:
         """Trains to step `total` on `batches` (this process's rows), evaluating and saving
-        when `cadence` says, and at the end; returns (step reached, preempted).
+        after the steps `eval_due` and `save_due` name, and saving at the end and on SIGTERM;
+        returns (step reached, preempted). `host_state()` is what a checkpoint keeps of the
+        client (JSON).
 
         A checkpoint never holds a diverged state: the step's metrics are checked before
         every save. On SIGTERM the step is saved and the loop stops.
@@ -218,15 +213,15 @@ class Trainer:
                     log.record(*pending, self.checkpoints.directory)
                 pending = (step, step_metrics)
                 preempted = self.checkpoints.preemption_requested(step)
-                eval_due = cadence.eval_due(step)
-                save_due = cadence.save_due(step) or step == total or preempted
-                if eval_due or save_due:
+                evaluating = eval_due(step)
+                saving = save_due(step) or step == total or preempted
+                if evaluating or saving:
                     log.record(*pending, self.checkpoints.directory)
                     pending = None
-                    if save_due:
+                    if saving:
                         self.save(step, host_state())
                         log.last_good_checkpoint = step
-                    if eval_due:
+                    if evaluating:
                         evaluate(step)
                     log.restart_clock(step)
                 if preempted:
