@@ -14,6 +14,7 @@ that marks it complete written last.
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import shutil
@@ -66,6 +67,25 @@ def read_json(p: PathLike) -> Any:
         raise ValueError(f"{path(p)}: not valid JSON ({e})") from None
 
 
+class _RawReader(io.RawIOBase):
+    """A remote file object (TensorFlow's GFile) as a standard raw stream, so the io module
+    (buffering, text decoding, gzip) can read it."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self._f.read(len(buffer))
+        buffer[:len(data)] = data
+        return len(data)
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+
 @contextlib.contextmanager
 def open_binary(p: PathLike) -> Iterator[Any]:
     """A binary stream for reading a file piece by piece (corpora larger than memory)."""
@@ -74,7 +94,7 @@ def open_binary(p: PathLike) -> Iterator[Any]:
         raise _missing(p, "file") if not p.exists() else IsADirectoryError(
             f"{p} is a directory, expected a file")
     with p.open("rb") as f:
-        yield f
+        yield io.BufferedReader(_RawReader(f), 1 << 20) if is_remote(p) else f
 
 
 def size(p: PathLike) -> int:
@@ -192,9 +212,8 @@ def publish_remote(local: epath.Path, final: epath.Path, marker: str) -> None:
     """Copies a complete local directory tree to a remote one, `marker` last."""
     if (final / marker).exists():
         (final / marker).unlink()
-    files = sorted((p for p in local.rglob("*") if p.is_file()),
-                   key=lambda p: (p.relative_to(local).as_posix() == marker, str(p)))
-    for p in files:
-        target = final / p.relative_to(local).as_posix()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        copy_file(p, target)
+    names = sorted((os.path.relpath(os.path.join(parent, name), local)
+                    for parent, _, names in os.walk(local) for name in names),
+                   key=lambda n: (n == marker, n))
+    for name in names:
+        copy_file(local / name, final / name)
