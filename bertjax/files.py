@@ -186,6 +186,8 @@ def staged_directory(final: PathLike, marker: str) -> Iterator[epath.Path]:
             yield epath.Path(local)
             publish_remote(epath.Path(local), final, marker)
         return
+    for stale in final.parent.glob(f"{final.name}.tmp-*"):  # left by a killed earlier run
+        remove_tree(stale)
     stage = _temporary_sibling(final)
     stage.mkdir(parents=True)
     try:

@@ -30,6 +30,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+from bertjax import cli  # noqa: E402
+
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, metrics, model.")
@@ -115,7 +117,15 @@ def _unknown_override(argv: list[str], config) -> str | None:
 
 
 def parse_flags(argv: list[str]) -> list[str]:
-    """absl's parsing, with a one-line error for an override of a key the config lacks."""
+    """absl's parsing, with a one-line error for a config file that is not there and for an
+    override of a key the config lacks."""
+    for arg in argv:
+        if arg.startswith("--config="):
+            path = arg.split("=", 1)[1].split(":", 1)[0]
+            if not os.path.isfile(path):
+                sys.exit(f"bertjax.main: error: --config={path}: no such config file "
+                         f"(configs/ lives in the bertjax checkout; run from there or give a "
+                         f"full path)")
     try:
         return app.parse_flags_with_usage(argv)
     except (AttributeError, KeyError):
@@ -129,11 +139,13 @@ def parse_flags(argv: list[str]) -> list[str]:
         sys.exit(f"bertjax.main: error: {message}")
 
 
-def run_mode(config, workdir: str) -> None:
+def run_mode(config, workdir: str) -> dict:
+    """Runs `config.mode`; returns the run's result ('preempted' says whether a signal
+    stopped it after saving)."""
     if config.mode not in MODES:
         raise ValueError(f"config.mode {config.mode!r}: expected one of {', '.join(MODES)}")
     module, function = MODES[config.mode].split(":")
-    getattr(importlib.import_module(module), function)(config, workdir)
+    return getattr(importlib.import_module(module), function)(config, workdir)
 
 
 def main(argv: list[str]) -> None:
@@ -142,11 +154,11 @@ def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         # Orbax logs every save at INFO; our progress lines say what matters.
         logging.set_verbosity(logging.WARNING)
-    try:
+    with cli.one_line_errors("bertjax.main"):
         initialize_distributed(_DISTRIBUTED.value)
-        run_mode(_CONFIG.value, _WORKDIR.value)
-    except (ValueError, FileNotFoundError, FloatingPointError) as e:
-        sys.exit(f"bertjax.main: error: {e}")
+        result = run_mode(_CONFIG.value, _WORKDIR.value)
+    if result.get("preempted"):
+        sys.exit(cli.PREEMPTED)
 
 
 if __name__ == "__main__":

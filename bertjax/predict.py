@@ -26,12 +26,13 @@ answer). `--input` reads a file laid out like the training data (TSV/CSV/JSONL w
 from __future__ import annotations
 
 import os
-import sys
 
 # TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402
+
+from bertjax import cli  # noqa: E402
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string(
@@ -98,10 +99,8 @@ def main(argv: list[str]) -> None:
                              f"one of {', '.join(commands)}")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
-    try:
+    with cli.one_line_errors("bertjax.predict"):
         commands[argv[1]]()
-    except (ValueError, FileNotFoundError) as e:
-        sys.exit(f"bertjax.predict: error: {e}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import time
 
 from absl import app, flags
 
+from bertjax import cli
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation
 
@@ -65,7 +66,7 @@ def main(argv: list[str]) -> None:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     num_workers = _NUM_WORKERS.value or min(cpus or 1, 16)
     start = time.monotonic()
-    try:
+    with cli.one_line_errors("prepare"):
         corpus = corpus_lib.Corpus(_INPUT.value, _FORMAT.value, _TEXT_KEY.value,
                                    _TFDS_SPLIT.value, _TFDS_DATA_DIR.value)
         manifest = preparation.prepare(
@@ -74,8 +75,6 @@ def main(argv: list[str]) -> None:
             max_document_tokens=_MAX_DOCUMENT_TOKENS.value,
             spm_sample_sentences=_SPM_SENTENCES.value, overwrite=_OVERWRITE.value,
             quiet=_QUIET.value)
-    except (ValueError, KeyError, FileNotFoundError, FileExistsError) as e:
-        sys.exit(f"prepare: error: {e.args[0] if e.args else e}")
     if not _QUIET.value:
         split = manifest["split_documents"]
         print(f"{_OUTPUT.value}: {manifest['documents']:,} documents"

@@ -110,7 +110,7 @@ def test_jsonl(tmp_path):
     assert c.format == "jsonl"
     assert list(c.documents()) == [["Title", "First sentence.", "Second one."],
                                    ["另一个文档。", "第二句。"]]
-    with pytest.raises(KeyError, match=r"docs.jsonl:1: no text field 'text' \(found \['body', "
+    with pytest.raises(ValueError, match=r"docs.jsonl:1: no text field 'text' \(found \['body', "
                                        r"'id'\]\)"):
         list(corpus.Corpus(str(path)).documents())
     bad = tmp_path / "bad.jsonl"
@@ -162,7 +162,7 @@ def test_tfds_reads_a_dataset(monkeypatch):
         ["First article.", "It has two sentences.", "A second paragraph."], ["Second article."]]
     assert calls == {"name": "wikipedia/20230601.en", "split": "train", "download": False}
     assert c.fraction() == 1.0
-    with pytest.raises(KeyError, match="no feature 'body'"):
+    with pytest.raises(ValueError, match="no feature 'body'"):
         list(corpus.Corpus("wikipedia/20230601.en:body", "tfds").documents())
 
 

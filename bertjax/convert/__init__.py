@@ -16,6 +16,7 @@ import sys
 from bertjax.convert import files
 from bertjax.convert.params import Log
 from bertjax.convert.result import Converted
+from bertjax.models.heads import BertForPreTraining, param_shapes
 from bertjax.training import checkpoints
 
 FORMATS = ("bertjax", "hf", "tf")
@@ -28,9 +29,8 @@ def _stderr(line: str) -> None:
 def read_bertjax(path: str) -> Converted:
     """A model directory, or a workdir that holds a model (see `checkpoints.open_model`)."""
     source = checkpoints.open_model(path)
-    params = source.load_params()
-    if set(params) == {"params"}:  # a tree saved with its Flax collection name
-        params = params["params"]
+    params = source.load_params(checkpoints.on_first_device(
+        param_shapes(BertForPreTraining(source.config))))
     return Converted(source.config, params, [], files.tokenizer_files(source.tokenizer_dir))
 
 

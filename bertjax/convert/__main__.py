@@ -2,7 +2,7 @@
 
 from absl import app, flags, logging
 
-from bertjax import convert
+from bertjax import cli, convert
 
 flags.DEFINE_enum("from", "bertjax", convert.FORMATS, "Format of --input.")
 flags.DEFINE_enum("to", "bertjax", convert.FORMATS, "Format of --output.")
@@ -20,12 +20,10 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     # Orbax logs every step of a save at INFO; the progress lines here say what matters.
     logging.set_verbosity(logging.WARNING)
-    try:
+    with cli.one_line_errors("bertjax.convert"):
         convert.convert(FLAGS.input, FLAGS.output, src=FLAGS["from"].value, dst=FLAGS.to,
                         seed=FLAGS.seed, overwrite=FLAGS.overwrite,
                         log=(lambda line: None) if FLAGS.quiet else print)
-    except (ValueError, FileNotFoundError, FileExistsError, ImportError) as e:
-        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":

@@ -120,6 +120,9 @@ def expand_paths(spec: str | Iterable[str]) -> list[str]:
         raise ValueError("no input given: expected a file, a comma-separated list or a glob")
     paths = []
     for pattern in patterns:
+        if files.path(pattern).is_dir():
+            raise ValueError(f"input {pattern!r} is a directory: give its files, e.g. "
+                             f"--input='{pattern.rstrip('/')}/*.txt'")
         matches = files.glob(pattern)
         if not matches:
             raise FileNotFoundError(f"input {pattern!r}: no such file (or no file matches "
@@ -151,11 +154,13 @@ def _open_lines(path: str, progress: _Progress | None = None) -> Iterator[str]:
             progress.file = raw
         binary = gzip.GzipFile(fileobj=raw) if path.endswith(".gz") else raw
         text = io.TextIOWrapper(binary, encoding="utf-8-sig", errors="strict", newline=None)
+        number = 0
         try:
-            for line in text:
+            for number, line in enumerate(text, 1):
                 yield line.rstrip("\n")
         except UnicodeDecodeError as e:
-            raise ValueError(f"input file {path!r} is not UTF-8 text: {e}") from None
+            raise ValueError(f"input file {path!r} is not UTF-8 text: after line {number}, "
+                             f"{e.reason} ({e.object[e.start:e.start + 4]!r})") from None
         except (gzip.BadGzipFile, EOFError) as e:
             raise ValueError(f"input file {path!r} is not a valid gzip file: {e}") from None
     if progress is not None:
@@ -270,8 +275,8 @@ def read_jsonl(paths: list[str], text_key: str, progress: _Progress | None = Non
                 raise ValueError(f"{path}:{number}: not valid JSON ({e.msg})") from None
             if not isinstance(record, dict) or text_key not in record:
                 keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise KeyError(f"{path}:{number}: no text field {text_key!r} (found {keys}); "
-                               "set --text_key")
+                raise ValueError(f"{path}:{number}: no text field {text_key!r} (found {keys}); "
+                                 "set --text_key")
             text = record[text_key]
             if not isinstance(text, str):
                 raise ValueError(f"{path}:{number}: field {text_key!r} is "
@@ -316,8 +321,8 @@ def read_tfds(spec: str, split_name: str = "train", data_dir: str | None = None,
         if counter is not None:
             counter(total)
         if feature not in example:
-            raise KeyError(f"TFDS dataset {name!r}: no feature {feature!r} "
-                           f"(found {sorted(example)})")
+            raise ValueError(f"TFDS dataset {name!r}: no feature {feature!r} "
+                             f"(found {sorted(example)})")
         text = example[feature]
         document = _hard_lines(text.decode("utf-8") if isinstance(text, bytes) else text, split)
         if document:

@@ -85,27 +85,44 @@ def heldout_scores(file_name: str, first: int, count: int) -> np.ndarray:
 
 
 def _read_file(path: str):
-    """Yields (token_ids, sentence_lengths) RaggedTensor-as-numpy batches of one shard file."""
+    """Yields (token_ids, sentence_lengths) RaggedTensor-as-numpy batches of one shard file;
+    a damaged file (TFRecord checks a CRC32C per record) is an error naming it."""
     ds = tf.data.TFRecordDataset(path).batch(_READ_BATCH)
     ds = ds.map(lambda records: tf.io.parse_example(records, shards.FEATURES),
                 num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    for batch in ds.prefetch(2):
-        ids, lengths = batch["token_ids"], batch["sentence_lengths"]
-        yield (ids.flat_values.numpy(), ids.row_lengths().numpy(),
-               lengths.flat_values.numpy(), lengths.row_lengths().numpy())
+    try:
+        for batch in ds.prefetch(2):
+            ids, lengths = batch["token_ids"], batch["sentence_lengths"]
+            yield (ids.flat_values.numpy(), ids.row_lengths().numpy(),
+                   lengths.flat_values.numpy(), lengths.row_lengths().numpy())
+    except tf.errors.OpError as e:
+        reason = e.message.strip().splitlines()[0] if e.message else type(e).__name__
+        raise ValueError(f"shard {path} is corrupt ({reason}); prepare the corpus again") \
+            from None
+
+
+def _check_counts(path: str, documents: int, tokens: int, expected: dict | None) -> None:
+    if expected is not None and (documents, tokens) != (expected["documents"],
+                                                        expected["tokens"]):
+        raise ValueError(f"shard {path} holds {documents} documents and {tokens} tokens, the "
+                         f"manifest says {expected['documents']} and {expected['tokens']}: it "
+                         f"is truncated or was replaced; prepare the corpus again")
 
 
 def load_pool(paths: list[str], *, vocab_size: int, max_document_tokens: int,
-              heldout_fraction: float, heldout: bool) -> DocumentPool:
+              heldout_fraction: float, heldout: bool,
+              expected_counts: dict | None = None) -> DocumentPool:
     """Reads the documents of `paths`: the held-out ones if `heldout`, else the others.
 
-    `heldout_fraction == 0` with `heldout=True` means every document (a separate eval directory).
+    `heldout_fraction == 0` with `heldout=True` means every document (a separate eval
+    directory). `expected_counts` (the manifest's, by file name) are checked file by file.
     """
     dtype = np.uint16 if vocab_size <= 1 << 16 else np.int32
     token_parts, sentence_parts, doc_sentence_counts = [], [], []
     for path in paths:
-        record = 0
+        record, file_tokens = 0, 0
         for ids, doc_tokens, sent_lengths, doc_sentences in _read_file(path):
+            file_tokens += int(doc_tokens.sum())
             count = len(doc_tokens)
             _check_batch(path, record, ids, doc_tokens, sent_lengths, doc_sentences,
                          vocab_size, max_document_tokens)
@@ -123,6 +140,8 @@ def load_pool(paths: list[str], *, vocab_size: int, max_document_tokens: int,
             sentence_parts.append(sent_lengths[sentence_keep])
             per_doc = np.bincount(sentence_doc, minlength=count)[keep]
             doc_sentence_counts.append(per_doc[per_doc > 0])
+        _check_counts(path, record, file_tokens,
+                      (expected_counts or {}).get(path.rsplit("/", 1)[-1]))
     tokens = np.concatenate(token_parts or [np.zeros(0, dtype)])
     lengths = np.concatenate(sentence_parts or [np.zeros(0, np.int64)])
     counts = np.concatenate(doc_sentence_counts or [np.zeros(0, np.int64)])

@@ -34,7 +34,7 @@ from typing import Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data import document_pool, examples, tensorflow
+from bertjax.data import document_pool, examples, shards, tensorflow
 from bertjax.data.tokenizers import SPECIAL_TOKENS
 from bertjax.data.examples import Recipe
 
@@ -158,9 +158,10 @@ def _load(shard_dir, recipe, vocab, *, process_index, process_count, heldout_fra
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction={heldout_fraction} must be in [0, 1)")
     paths = document_pool.host_shard_paths(shard_dir, process_index, process_count)
-    pool = document_pool.load_pool(paths, vocab_size=vocab.size,
-                                   max_document_tokens=max_document_tokens,
-                                   heldout_fraction=heldout_fraction, heldout=heldout)
+    pool = document_pool.load_pool(
+        paths, vocab_size=vocab.size, max_document_tokens=max_document_tokens,
+        heldout_fraction=heldout_fraction, heldout=heldout,
+        expected_counts=shards.read_manifest(shard_dir).get("shard_counts"))
     least = 2 if recipe.nsp else 1
     if pool.num_documents < least:
         which = "held-out" if heldout else "training"

@@ -116,18 +116,24 @@ def write_documents(directory: str, documents: Iterable[Document], num_shards: i
     names = [shard_name(i, num_shards) for i in range(num_shards)]
     writers = [AtomicShardWriter(os.path.join(directory, n)) for n in names]
     counts = {"documents": 0, "sentences": 0, "tokens": 0}
+    per_shard = {name: {"documents": 0, "tokens": 0} for name in names}
     try:
         for i, doc in enumerate(documents):
             writers[i % num_shards].write(doc)
+            tokens = sum(len(s) for s in doc)
             counts["documents"] += 1
             counts["sentences"] += len(doc)
-            counts["tokens"] += sum(len(s) for s in doc)
+            counts["tokens"] += tokens
+            per_shard[names[i % num_shards]]["documents"] += 1
+            per_shard[names[i % num_shards]]["tokens"] += tokens
     except BaseException:
         for w in writers:
             w.abort()
         raise
     for w in writers:
         w.close()
-    full = {**(manifest or {}), **counts, "shards": names}
+    # Per-shard counts let a reader tell a shard truncated at a record boundary (which
+    # TFRecord's per-record CRC32C cannot) from a complete one.
+    full = {**(manifest or {}), **counts, "shards": names, "shard_counts": per_shard}
     write_manifest(directory, full)
     return read_manifest(directory)

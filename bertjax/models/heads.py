@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, _dense, _layer_norm
@@ -72,6 +73,11 @@ def init_params(model: nn.Module, rng) -> dict:
     ids = jnp.zeros((1, 1), jnp.int32)
     positions = (ids,) if isinstance(model, BertForPreTraining) else ()
     return model.init(rng, ids, ids, ids, *positions)["params"]
+
+
+def param_shapes(model: nn.Module) -> dict:
+    """ShapeDtypeStructs of the model's parameters (nothing is computed)."""
+    return nn.unbox(jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0))))
 
 
 class BertForSequenceClassification(nn.Module):

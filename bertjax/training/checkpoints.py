@@ -24,6 +24,7 @@ directory, a finished run's workdir (its exported WORKDIR/model), or a pretraini
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -38,9 +39,11 @@ from jax.experimental import multihost_utils
 
 from bertjax import files
 from bertjax.models.bert import BertConfig
+from bertjax.training import integrity
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
+FINGERPRINTS_FILE = "fingerprints.json"  # a model directory's, beside params/ (integrity.py)
 MODEL_DIR = "model"  # the model directory a finished run exports into its workdir
 ARCHITECTURE_DIR = "architecture"  # a pretraining workdir's model config and tokenizer
 
@@ -69,6 +72,23 @@ def _tree_metadata(metadata) -> Any:
     return getattr(metadata, "tree", metadata)
 
 
+class CorruptCheckpoint(ValueError):
+    """What was read back is not what was written (or could not be read at all)."""
+
+
+def verify(tree: Any, expected: integrity.Fingerprints | None, where: str) -> None:
+    """Raises CorruptCheckpoint when `tree` differs from its fingerprints or is not finite."""
+    found = integrity.fingerprints(tree)
+    wrong = integrity.mismatches(found, expected) if expected is not None else []
+    if wrong:
+        raise CorruptCheckpoint(f"{where} is corrupt: {len(wrong)} of {len(found)} arrays differ "
+                                f"from what was saved (first: {wrong[0]})")
+    bad = integrity.non_finite(found)
+    if bad:
+        raise CorruptCheckpoint(f"{where} holds non-finite values in {len(bad)} of {len(found)} "
+                                f"arrays (first: {bad[0]})")
+
+
 _path = files.path
 
 
@@ -78,19 +98,35 @@ def save_params(path: str, params: Any) -> None:
         checkpointer.save(_path(path), params, force=True)
 
 
-def restore_params(path: str, abstract_params: Any | None = None) -> Any:
+def restore_params(path: str, abstract_params: Any | None = None,
+                   fingerprints: integrity.Fingerprints | None = None) -> Any:
     """Restores parameters; with `abstract_params` (ShapeDtypeStructs, optionally sharded)
     they are checked against it and placed as it says, without it they go to this process's
-    first device, whatever the topology they were saved from."""
+    first device, whatever the topology they were saved from. They are verified against
+    `fingerprints` when given, and must be finite."""
     path = _path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: no parameter checkpoint there")
     with ocp.StandardCheckpointer() as checkpointer:
-        stored = _tree_metadata(checkpointer.metadata(path).item_metadata)
+        try:
+            stored = _tree_metadata(checkpointer.metadata(path).item_metadata)
+        except Exception as e:  # noqa: BLE001 - whatever Orbax raises on damaged metadata
+            raise CorruptCheckpoint(f"{path} cannot be read: {_brief(e)}") from None
         if abstract_params is None:
-            abstract_params = _on_first_device(stored)
+            abstract_params = on_first_device(stored)
         check_same_shapes(abstract_params, stored, str(path))
-        return checkpointer.restore(path, abstract_params)
+        try:
+            params = checkpointer.restore(path, abstract_params)
+        except Exception as e:  # noqa: BLE001
+            raise CorruptCheckpoint(f"{path} cannot be read: {_brief(e)}") from None
+    verify(params, fingerprints, str(path))
+    return params
+
+
+def _brief(error: BaseException) -> str:
+    """The first line of an error from deep inside a storage library."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
@@ -118,11 +154,13 @@ def save_model(directory: str, params: Any, config: BertConfig, tokenizer=None,
         target.mkdir(parents=True, exist_ok=True)
     multihost_utils.sync_global_devices("bertjax_save_model_start")
     try:
+        prints = integrity.fingerprints(params)
         save_params(str(target / PARAMS_DIR), params)
         multihost_utils.sync_global_devices("bertjax_save_model_params")
         if primary:
             if tokenizer is not None:
                 tokenizer.save(str(target))
+            files.write_json(target / FINGERPRINTS_FILE, prints)
             write_model_config(str(target), config)
             if not remote:
                 if final.exists():
@@ -165,10 +203,11 @@ def _item_handlers() -> dict:
 class RunCheckpoints:
     """A training run's checkpoints in WORKDIR/checkpoints, saved asynchronously, newest N kept.
 
-    SIGTERM (how schedulers and TPU maintenance announce preemption) only sets a flag here;
-    the loop asks `preemption_requested(step)` at each step boundary, saves and exits. With
-    several processes, JAX's preemption service (which `jax.distributed.initialize` starts)
-    makes every process agree on the same step instead.
+    SIGTERM (how schedulers and TPU maintenance announce preemption) and a first Ctrl-C
+    (SIGINT) only set a flag here; the loop asks `preemption_requested(step)` at each step
+    boundary, saves and exits. A second Ctrl-C interrupts at once. With several processes,
+    JAX's preemption service (which `jax.distributed.initialize` starts) makes every process
+    agree on the same step instead.
     """
 
     def __init__(self, workdir: str, keep: int):
@@ -178,13 +217,16 @@ class RunCheckpoints:
             options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                                  enable_async_checkpointing=True))
         self._sigterm = False
-        self._previous_handler = None
+        self._previous_handlers = {}
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
 
-    def _on_sigterm(self, signum, frame) -> None:
-        del signum, frame
+    def _on_signal(self, signum, frame) -> None:
+        del frame
         self._sigterm = True
+        if signum == signal.SIGINT:  # a second Ctrl-C stops at once
+            signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def preemption_requested(self, step: int) -> bool:
         if jax.process_count() > 1:
@@ -197,36 +239,76 @@ class RunCheckpoints:
     def save(self, step: int, *, params: Any, opt_state: Any, progress: Any,
              host: dict) -> None:
         """Starts an asynchronous save; the arrays are copied before it returns."""
-        self.manager.save(step, force=True, args=ocp.args.Composite(
-            params=ocp.args.StandardSave(params),
-            opt_state=ocp.args.StandardSave(opt_state),
-            progress=ocp.args.StandardSave(progress),
-            host=ocp.args.JsonSave(host)))
+        with self._saving():
+            self.manager.save(step, force=True, args=ocp.args.Composite(
+                params=ocp.args.StandardSave(params),
+                opt_state=ocp.args.StandardSave(opt_state),
+                progress=ocp.args.StandardSave(progress),
+                host=ocp.args.JsonSave(host)))
+
+    def all_steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def delete(self, step: int) -> None:
+        self.manager.delete(step)
+
+    @contextlib.contextmanager
+    def _saving(self):
+        """A failed save (a full disk, a lost bucket), whatever the storage layer raised, as
+        one error naming the directory."""
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001
+            raise OSError(f"saving a checkpoint in {self.directory} failed ({_brief(e)}); the "
+                          f"checkpoints saved before it are intact") from None
+
+    def raise_save_errors(self) -> None:
+        """An asynchronous save that failed, as soon as it is known (each step asks)."""
+        with self._saving():
+            self.manager.check_for_errors()
 
     def restore(self, step: int, *, abstract_params: Any, abstract_opt_state: Any,
                 abstract_progress: Any) -> dict:
         """{'params', 'opt_state', 'progress', 'host'} of `step`, placed as the abstract
-        trees (ShapeDtypeStructs with shardings) say, after checking the shapes match."""
+        trees (ShapeDtypeStructs with shardings) say, after checking the shapes match.
+
+        A model of another size is a ValueError; a checkpoint that cannot be read, or whose
+        arrays differ from the fingerprints saved with it, is a CorruptCheckpoint."""
         where = f"checkpoint {os.path.join(self.directory, str(step))}"
-        metadata = self.manager.item_metadata(step)
-        check_same_shapes(abstract_params, _tree_metadata(metadata["params"]), where)
         try:
-            check_same_shapes(abstract_opt_state, _tree_metadata(metadata["opt_state"]), where)
+            metadata = self.manager.item_metadata(step)
+            stored_params = _tree_metadata(metadata["params"])
+            stored_opt_state = _tree_metadata(metadata["opt_state"])
+        except Exception as e:  # noqa: BLE001 - missing or damaged items
+            raise CorruptCheckpoint(f"{where} cannot be read: {_brief(e)}") from None
+        check_same_shapes(abstract_params, stored_params, where)
+        try:
+            check_same_shapes(abstract_opt_state, stored_opt_state, where)
         except ValueError as e:
             raise ValueError(f"{e} (the optimizer state differs: was the run started with "
                              f"another optimizer.name?)") from None
-        return dict(self.manager.restore(step, args=ocp.args.Composite(
-            params=ocp.args.StandardRestore(abstract_params),
-            opt_state=ocp.args.StandardRestore(abstract_opt_state),
-            progress=ocp.args.StandardRestore(abstract_progress),
-            host=ocp.args.JsonRestore())))
+        try:
+            restored = dict(self.manager.restore(step, args=ocp.args.Composite(
+                params=ocp.args.StandardRestore(abstract_params),
+                opt_state=ocp.args.StandardRestore(abstract_opt_state),
+                progress=ocp.args.StandardRestore(abstract_progress),
+                host=ocp.args.JsonRestore())))
+        except Exception as e:  # noqa: BLE001
+            raise CorruptCheckpoint(f"{where} cannot be read: {_brief(e)}") from None
+        expected = restored["host"].get("fingerprints", {})
+        verify(restored["params"], expected.get("params"), f"{where} (params)")
+        verify(restored["opt_state"], expected.get("opt_state"), f"{where} (opt_state)")
+        return restored
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        try:
+            with self._saving():
+                self.manager.wait_until_finished()
+        finally:
+            self.manager.close()
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler)
+        self._previous_handlers = {}
 
 
 def write_architecture(workdir: str, config: BertConfig, tokenizer=None) -> None:
@@ -246,6 +328,7 @@ class ModelSource:
     tokenizer_dir: str
     params_dir: str  # a model directory's params/, or a run checkpoint's params item
     model_dir: str | None  # the model directory (maybe with task.json); None for a run
+    fingerprints: integrity.Fingerprints | None  # of the params, when they were saved with them
 
     def param_metadata(self) -> Any:
         """The stored parameter tree of ShapeDtypeStruct-like leaves (nothing is read)."""
@@ -253,8 +336,9 @@ class ModelSource:
             return _tree_metadata(checkpointer.metadata(_path(self.params_dir)).item_metadata)
 
     def load_params(self, abstract_params: Any | None = None) -> Any:
-        """The parameters, checked against and placed as `abstract_params` (if given)."""
-        return restore_params(self.params_dir, abstract_params)
+        """The parameters, checked against and placed as `abstract_params` (if given), and
+        verified against their fingerprints."""
+        return restore_params(self.params_dir, abstract_params, self.fingerprints)
 
 
 def open_model(path: str, tokenizer: str = "") -> ModelSource:
@@ -265,17 +349,21 @@ def open_model(path: str, tokenizer: str = "") -> ModelSource:
     run = p / ARCHITECTURE_DIR
     if not (p / CONFIG_FILE).exists() and (run / CONFIG_FILE).exists() and (
             p / CHECKPOINTS_DIR).is_dir():  # a pretraining run: newer than any export
-        with ocp.CheckpointManager(str(p / CHECKPOINTS_DIR),
+        with ocp.CheckpointManager(str(p / CHECKPOINTS_DIR), item_handlers=_item_handlers(),
                                    options=ocp.CheckpointManagerOptions(read_only=True)) as mngr:
             step = mngr.latest_step()
-        if step is None:
-            raise FileNotFoundError(f"{path}: the pretraining run has no checkpoint yet")
+            if step is None:
+                raise FileNotFoundError(f"{path}: the pretraining run has no checkpoint yet")
+            host = mngr.restore(step, args=ocp.args.Composite(host=ocp.args.JsonRestore()))
         return ModelSource(load_model_config(str(run)), tokenizer or str(run),
-                           str(p / CHECKPOINTS_DIR / str(step) / "params"), None)
+                           str(p / CHECKPOINTS_DIR / str(step) / "params"), None,
+                           host["host"].get("fingerprints", {}).get("params"))
     for model_dir in (p, p / MODEL_DIR):
         if (model_dir / CONFIG_FILE).exists():
+            prints = model_dir / FINGERPRINTS_FILE
             return ModelSource(load_model_config(str(model_dir)), tokenizer or str(model_dir),
-                               str(model_dir / PARAMS_DIR), str(model_dir))
+                               str(model_dir / PARAMS_DIR), str(model_dir),
+                               files.read_json(prints) if prints.exists() else None)
     if not p.exists():
         raise FileNotFoundError(f"{path}: no such model directory or workdir")
     raise FileNotFoundError(
@@ -290,7 +378,8 @@ def load_model(path: str, abstract_params: Any | None = None) -> tuple[BertConfi
     return source.config, source.load_params(abstract_params)
 
 
-def _on_first_device(metadata: Any) -> Any:
+def on_first_device(metadata: Any) -> Any:
+    """ShapeDtypeStructs placing each array on this process's first device."""
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     return jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
                         metadata)

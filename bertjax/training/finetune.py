@@ -180,7 +180,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                 data.labels.save(workdir)
         return params
 
-    host_state = trainer.start(initial_params) or {}
+    host_state = trainer.start(initial_params, train_cfg.restore_fallback) or {}
     history = host_state.get("history", [])
     flops = metrics_lib.encoder_flops_per_sequence(cfg, seq_len) * batch_size
     peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat), 0.0)
@@ -260,6 +260,6 @@ def export(workdir: str, config: Any, task: tasks.Task, cfg: BertConfig, params,
     log.console.print(f"done: {os.path.join(workdir, RESULTS_FILE)}, model in {model_dir}")
 
 
-def run(config: Any, workdir: str) -> None:
+def run(config: Any, workdir: str) -> dict:
     """`config.mode = 'finetune'`: what `python -m bertjax.main` calls."""
-    finetune(config, workdir)
+    return finetune(config, workdir)

@@ -96,7 +96,10 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.num_epochs = 3.0
     config.train.eval_batch_size = 64  # global; evaluation pads its last batch
     config.train.log_every = 50
-    config.train.keep_checkpoints = 1  # saved at every epoch end (and on preemption)
+    config.train.keep_checkpoints = 2  # saved at every epoch end (and on preemption)
+    # A checkpoint that fails verification on resume is reported, removed and the next
+    # older one used; False makes it an error instead.
+    config.train.restore_fallback = True
     return config
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from bertjax import files
 from bertjax.data.tokenizers import load_tokenizer
-from bertjax.models.heads import BertForPreTraining
+from bertjax.models.heads import BertForPreTraining, param_shapes
 from bertjax.tasks import base as tasks
 from bertjax.training import checkpoints
 from bertjax.training.trainer import batched_outputs
@@ -46,9 +46,10 @@ def fill_mask(model: str, texts: list[str], top_k: int) -> list[list[list[tuple[
                                          / tasks.TASK_FILE).exists():
         raise ValueError(f"{model} is a fine-tuned task model, which has no masked-LM head; "
                          f"fill-mask needs a pretrained model")
-    config, params = source.config, source.load_params()
-    tokenizer = load_tokenizer(source.tokenizer_dir)
+    config = source.config
     module = BertForPreTraining(config)
+    params = source.load_params(checkpoints.on_first_device(param_shapes(module)))
+    tokenizer = load_tokenizer(source.tokenizer_dir)
     apply = jax.jit(lambda p, *args: module.apply({"params": p}, *args, deterministic=True))
     results = []
     for text in texts:
@@ -72,9 +73,9 @@ class TaskPredictor:
         if source.model_dir is None:
             raise ValueError(f"{model} is a pretraining run, not a fine-tuned model")
         self.task, self.labels = tasks.Task.from_model_directory(source.model_dir)
-        self.params = source.load_params()
-        self.tokenizer = load_tokenizer(source.tokenizer_dir)
         module = self.task.model(source.config, self.labels)
+        self.params = source.load_params(checkpoints.on_first_device(param_shapes(module)))
+        self.tokenizer = load_tokenizer(source.tokenizer_dir)
         self._apply = jax.jit(lambda p, batch: self.task.fetch(module.apply(
             {"params": p}, *(batch[k] for k in tasks.INPUTS), deterministic=True)))
         self.batch_size = batch_size

@@ -107,15 +107,60 @@ def progress_line(step: int, total: int, m: dict, eta_s: float) -> str:
     return " | ".join(parts)
 
 
-def truncate_jsonl(workdir: str, last_step: int) -> None:
-    """Drops records after `last_step` (from a run that was interrupted after its last
-    checkpoint), so a resumed run's file reads like an uninterrupted one. Atomic rewrite."""
-    path = files.path(workdir) / METRICS_FILE
-    if jax.process_index() != 0 or not path.exists():
+def warn(message: str) -> None:
+    """A line on stderr from process 0, quiet or not: something the user must know."""
+    if jax.process_index() == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def truncate_logs(workdir: str, last_step: int) -> None:
+    """Drops the records and TensorBoard events after `last_step` (the step the run restarts
+    from; 0 for a fresh start), so the logs of a run that was killed read like those of an
+    uninterrupted one. Atomic rewrites; a partial last line or record is dropped too."""
+    if jax.process_index() != 0:
         return
-    kept = [line for line in files.read_text(path).splitlines()
-            if line.strip() and json.loads(line)["step"] <= last_step]
-    files.write_text(path, "".join(line + "\n" for line in kept))
+    path = files.path(workdir) / METRICS_FILE
+    if path.exists():
+        kept, dropped = [], 0
+        for line in files.read_text(path).splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                dropped += 1
+                continue
+            if record["step"] <= last_step:
+                kept.append(line)
+        if dropped:
+            warn(f"{path}: dropped {dropped} unreadable line(s) (a run killed while writing)")
+        files.write_text(path, "".join(line + "\n" for line in kept))
+    _truncate_tensorboard(files.path(workdir) / TENSORBOARD_DIR, last_step)
+
+
+def _truncate_tensorboard(directory, last_step: int) -> None:
+    names = sorted(str(p) for p in directory.glob("events.out.tfevents.*")) if (
+        directory.is_dir()) else []
+    if not names:
+        return
+    from bertjax.data import tensorflow
+    from tensorflow.core.util import event_pb2
+    tf = tensorflow()
+    kept = []
+    for name in names:
+        try:
+            for record in tf.data.TFRecordDataset(name):
+                event = event_pb2.Event.FromString(record.numpy())
+                if event.step <= last_step and (event.HasField("summary") or not kept):
+                    kept.append(record.numpy())
+        except tf.errors.DataLossError:
+            warn(f"{name}: dropped a partial last event (a run killed while writing)")
+    # The kept events take the place of the oldest file, so they sort before the new run's.
+    tmp = f"{names[0]}.tmp"
+    with tf.io.TFRecordWriter(tmp) as writer:
+        for record in kept:
+            writer.write(record)
+    for name in names:
+        files.remove_tree(name)
+    files.path(tmp).replace(files.path(names[0]))
 
 
 class _Jsonl:
@@ -217,16 +262,19 @@ class TrainingLog:
         """Excludes what happened before now (compilation, eval, saving) from throughput."""
         self._clock = (step, time.perf_counter())
 
+    def diverged(self, what: str, checkpoint_dir: str) -> FloatingPointError:
+        last = (f"the last good checkpoint is step {self.last_good_checkpoint} in "
+                f"{checkpoint_dir}" if self.last_good_checkpoint is not None
+                else "no checkpoint was saved")
+        return FloatingPointError(
+            f"training diverged: {what}; stopped without saving ({last}). Lower "
+            "optimizer.learning_rate, raise the warmup or use float32.")
+
     def record(self, step: int, device_metrics: dict, checkpoint_dir: str) -> None:
         host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
         if not (np.isfinite(host["loss"]) and np.isfinite(host["grad_norm"])):
-            last = (f"the last good checkpoint is step {self.last_good_checkpoint} in "
-                    f"{checkpoint_dir}" if self.last_good_checkpoint is not None
-                    else "no checkpoint was saved")
-            raise FloatingPointError(
-                f"training diverged: loss {host['loss']}, grad_norm {host['grad_norm']} at "
-                f"step {step}; stopped without saving ({last}). Lower "
-                "optimizer.learning_rate, raise the warmup or use float32.")
+            raise self.diverged(f"loss {host['loss']}, grad_norm {host['grad_norm']} at step "
+                                f"{step}", checkpoint_dir)
         now = time.perf_counter()
         if self._clock is not None and step > self._clock[0]:
             self._rate = (step - self._clock[0]) / (now - self._clock[1])

@@ -149,13 +149,17 @@ def train(config: Any, workdir: str, data: PretrainingData,
     stops being finite (the last good checkpoint is kept).
     """
     pretrain_config.validate(config)
+    train_cfg = config.train
+    evaluating = data.eval is not None and train_cfg.eval_every and train_cfg.eval_batches
+    if evaluating:
+        data.eval()  # built now, so an empty held-out split fails here, not hours later
     if jax.process_index() == 0:
         files.makedirs(workdir)
     cfg = model_config(config.model, data.vocab_size)
     seq_len, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
     mesh = sharding.make_mesh(config.mesh.shape, devices)
     model = BertForPreTraining(cfg, mesh)
-    opt, train_cfg = config.optimizer, config.train
+    opt = config.optimizer
     schedule = optimizers.learning_rate_schedule(opt.schedule, opt.learning_rate,
                                                  opt.warmup_steps, train_cfg.num_steps)
     tx = optimizers.make_optimizer(opt.name, schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
@@ -177,7 +181,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
                 trainer.abstract_params)
         return trainer.fresh_params()
 
-    host_state = trainer.start(initial_params) or {}
+    host_state = trainer.start(initial_params, train_cfg.restore_fallback) or {}
     if host_state and host_state["process_count"] != jax.process_count():
         raise ValueError(
             f"checkpoint step {trainer.resumed_from} in {trainer.checkpoints.directory} was "
@@ -206,7 +210,6 @@ def train(config: Any, workdir: str, data: PretrainingData,
             log.eval_record(at, {k: float(v)
                                  for k, v in summarize(totals, config.data.nsp).items()})
 
-    evaluating = data.eval is not None and train_cfg.eval_every and train_cfg.eval_batches
     try:
         step, preempted = trainer.fit(
             train_cfg.num_steps, _batches(iterator), log,
@@ -230,6 +233,8 @@ def input_data(config: Any) -> PretrainingData:
     if not data.shard_dir:
         raise ValueError("config.data.shard_dir is empty: set it to the output of "
                          "`python -m bertjax.prepare` (--config.data.shard_dir=DIR)")
+    from bertjax.data import shards
+    shards.read_manifest(data.shard_dir)  # a clear error for a missing or unfinished corpus
     tokenizer = tokenizers.load_tokenizer(data.shard_dir)
     vocab = pretraining.Vocab.from_tokenizer(tokenizer)
     recipe = dict(vocab=vocab, max_seq_length=data.max_seq_length,
@@ -263,6 +268,6 @@ def input_data(config: Any) -> PretrainingData:
                            eval=eval_batches, tokenizer=tokenizer)
 
 
-def run(config: Any, workdir: str) -> None:
+def run(config: Any, workdir: str) -> dict:
     """`config.mode = 'pretrain'`: what `python -m bertjax.main` calls."""
-    train(config, workdir, input_data(config))
+    return train(config, workdir, input_data(config))

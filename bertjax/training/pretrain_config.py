@@ -89,6 +89,9 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.train.eval_batches = 20
     config.train.checkpoint_every = 10_000
     config.train.keep_checkpoints = 3
+    # A checkpoint that fails verification on resume is reported, removed and the next
+    # older one used; False makes it an error instead.
+    config.train.restore_fallback = True
     config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
     return config
 

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, sharding
+from bertjax.training import checkpoints, integrity, metrics as metrics_lib, optimizers
+from bertjax.training import sharding
 
 
 @flax.struct.dataclass
@@ -143,29 +144,43 @@ class Trainer:
             return {k: v for k, v in nn.unbox(self._init(key)).items() if k not in exclude}
         return jax.jit(init, out_shardings=shardings)(self._init_key)
 
-    def start(self, initial_params: Callable[[], dict]) -> dict | None:
-        """Restores the latest checkpoint of the workdir (returns its host state), or starts
-        from `initial_params()` (returns None)."""
-        latest = self.checkpoints.latest_step()
-        if latest is None:
-            params = initial_params()
-            opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
-            self.state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), self.replicated),
-                                    params, opt_state)
-            self.rng = jax.device_put(self._dropout_key, self.replicated)
-            return None
-        restored = self.checkpoints.restore(
-            latest, abstract_params=self.abstract_params,
-            abstract_opt_state=self.abstract_opt_state,
-            abstract_progress={
-                "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
-                "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.replicated)})
-        metrics_lib.truncate_jsonl(self.workdir, latest)
-        self.state = TrainState(restored["progress"]["step"], restored["params"],
-                                restored["opt_state"])
-        self.rng = restored["progress"]["rng"]
-        self.resumed_from = latest
-        return restored["host"]
+    def start(self, initial_params: Callable[[], dict], fallback: bool = True) -> dict | None:
+        """Restores the newest checkpoint of the workdir that verifies (returns its host
+        state), or starts from `initial_params()` (returns None). A checkpoint that fails
+        verification is reported and removed, and the next older one tried, unless
+        `fallback` is off (then it is an error)."""
+        steps = self.checkpoints.all_steps()
+        while steps:
+            step = steps.pop()
+            try:
+                restored = self.checkpoints.restore(
+                    step, abstract_params=self.abstract_params,
+                    abstract_opt_state=self.abstract_opt_state,
+                    abstract_progress={
+                        "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
+                        "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.replicated)})
+            except checkpoints.CorruptCheckpoint as e:
+                if not fallback:
+                    raise checkpoints.CorruptCheckpoint(
+                        f"{e} (train.restore_fallback is off: move it away to resume from an "
+                        f"older checkpoint)") from None
+                metrics_lib.warn(f"{e}; removed it, " + (f"resuming from step {steps[-1]}"
+                                                         if steps else "starting afresh"))
+                self.checkpoints.delete(step)
+                continue
+            metrics_lib.truncate_logs(self.workdir, step)
+            self.state = TrainState(restored["progress"]["step"], restored["params"],
+                                    restored["opt_state"])
+            self.rng = restored["progress"]["rng"]
+            self.resumed_from = step
+            return restored["host"]
+        metrics_lib.truncate_logs(self.workdir, 0)
+        params = initial_params()
+        opt_state = jax.jit(self.tx.init, out_shardings=self.opt_shardings)(params)
+        self.state = TrainState(jax.device_put(jnp.zeros((), jnp.int32), self.replicated),
+                                params, opt_state)
+        self.rng = jax.device_put(self._dropout_key, self.replicated)
+        return None
 
     @property
     def step(self) -> int:
@@ -181,9 +196,19 @@ class Trainer:
         return self.global_batch({k: sharding.local_rows(v) for k, v in batch.items()},
                                  len(next(iter(batch.values()))))
 
-    def save(self, step: int, host: dict) -> None:
+    def save(self, step: int, host: dict, log: metrics_lib.TrainingLog) -> None:
+        """Starts an asynchronous save of the state after `step`, with its fingerprints;
+        a state holding non-finite values is never saved."""
+        prints = {"params": integrity.fingerprints(self.state.params),
+                  "opt_state": integrity.fingerprints(self.state.opt_state)}
+        bad = integrity.non_finite(prints["params"]) + integrity.non_finite(prints["opt_state"])
+        if bad:
+            raise log.diverged(f"the state after step {step} holds non-finite values in "
+                               f"{len(bad)} arrays (first: {bad[0]})",
+                               self.checkpoints.directory)
         self.checkpoints.save(step, params=self.state.params, opt_state=self.state.opt_state,
-                              progress={"step": self.state.step, "rng": self.rng}, host=host)
+                              progress={"step": self.state.step, "rng": self.rng},
+                              host={**host, "fingerprints": prints})
 
     # --- the loop ----------------------------------------------------------------------------
 
@@ -212,6 +237,7 @@ class Trainer:
                 if pending is not None:
                     log.record(*pending, self.checkpoints.directory)
                 pending = (step, step_metrics)
+                self.checkpoints.raise_save_errors()
                 preempted = self.checkpoints.preemption_requested(step)
                 evaluating = eval_due(step)
                 saving = save_due(step) or step == total or preempted
@@ -219,13 +245,13 @@ class Trainer:
                     log.record(*pending, self.checkpoints.directory)
                     pending = None
                     if saving:
-                        self.save(step, host_state())
+                        self.save(step, host_state(), log)
                         log.last_good_checkpoint = step
                     if evaluating:
                         evaluate(step)
                     log.restart_clock(step)
                 if preempted:
-                    log.console.print(f"SIGTERM: saved step {step} in "
+                    log.console.print(f"stopped by a signal: saved step {step} in "
                                       f"{self.checkpoints.directory}; run the same command "
                                       "again to resume")
                     break
