@@ -296,3 +296,33 @@ def test_prepare_removes_what_a_killed_run_left(tmp_path, shard_dir):
     preparation.prepare(corpus_lib.Corpus(str(source), "jsonl"), str(output),
                         tokenizer=shard_dir, quiet=True)
     assert not stale.exists() and (output / "manifest.json").exists()
+
+
+def test_a_truncated_safetensors_file_is_named(tmp_path):
+    from bertjax import convert
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(
+        {"model_type": "bert", "vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "intermediate_size": 37}))
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{\"a")
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors "
+                                         r"file"):
+        convert.convert(str(tmp_path / "hf"), str(tmp_path / "out"), src="hf", dst="bertjax",
+                        log=lambda _: None, warn=lambda _: None)
+
+
+def test_a_fine_tuned_model_as_init_checkpoint_gives_its_encoder(tmp_path):
+    from bertjax.models.heads import BertForSequenceClassification, init_params
+    from bertjax.training import finetune, pretrain_config, sharding
+    import flax.linen as nn
+    import jax
+    from finetune_helpers import TINY
+    from task_data import wordpiece
+    params = nn.unbox(init_params(BertForSequenceClassification(TINY, 3),
+                                  jax.random.PRNGKey(1)))
+    model = str(tmp_path / "fine-tuned" / "model")
+    checkpoints.save_model(model, params, TINY, wordpiece())
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    bert = finetune.load_encoder(checkpoints.open_model(str(tmp_path / "fine-tuned")),
+                                 TINY.num_hidden_layers, mesh, pretrain_config.DEFAULT_RULES)
+    jax.tree.map(np.testing.assert_array_equal, bert, params["bert"])

@@ -93,21 +93,28 @@ class HFSource:
         self._raw[new_name] = self._raw.pop(name)
 
 
+def _safe_open(path: str):
+    from safetensors import safe_open
+    try:
+        return safe_open(path, "np")
+    except Exception as e:  # noqa: BLE001 - safetensors' own error type for bad files
+        raise ValueError(f"{path} is not a readable safetensors file ({e}); it may be "
+                         f"truncated or damaged") from None
+
+
 def _open(directory: str):
     """(path, load(key), shape(key), keys) of the weights file(s) in `directory`."""
     path = os.path.join(directory, SAFETENSORS)
     if os.path.isfile(path):
-        from safetensors import safe_open
-        handle = safe_open(path, "np")
+        handle = _safe_open(path)
         return (path, handle.get_tensor, lambda k: handle.get_slice(k).get_shape(),
                 list(handle.keys()))
     path = os.path.join(directory, SAFETENSORS_INDEX)
     if os.path.isfile(path):
-        from safetensors import safe_open
         weight_map = files.read_json(path).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{path}: no 'weight_map' object")
-        handles = {f: safe_open(os.path.join(directory, f), "np")
+        handles = {f: _safe_open(os.path.join(directory, f))
                    for f in sorted(set(weight_map.values()))}
         return (path, lambda k: handles[weight_map[k]].get_tensor(k),
                 lambda k: handles[weight_map[k]].get_slice(k).get_shape(), list(weight_map))
