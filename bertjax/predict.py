@@ -13,14 +13,18 @@ Fine-tuned models (`--checkpoint` is the fine-tuning WORKDIR or its WORKDIR/mode
 
   python -m bertjax.predict classify --checkpoint=/tmp/sst2 --text="A gorgeous, witty film."
   python -m bertjax.predict tag --checkpoint=/tmp/ner --text="Emma walked to Highbury"
+  python -m bertjax.predict segment --checkpoint=/tmp/cws --text="我喜欢北京的秋天"
   python -m bertjax.predict qa --checkpoint=/tmp/squad --text="Who walked?" \\
       --context="Emma walked to Highbury."
   python -m bertjax.predict classify --checkpoint=/tmp/sst2 --input=test.tsv --output=p.jsonl
 
 `classify` gives the label and its probability (or the score of a regression model; a TAB in
 `--text` separates a sentence pair), `tag` a tag per word, `qa` the answer span (empty: no
-answer). `--input` reads a file laid out like the training data (TSV/CSV/JSONL with
-`--text_columns`, CoNLL, or SQuAD JSON); `--output` writes one JSON record per example.
+answer), `segment` the words of the text, separated by spaces. `tag` prints word/TAG pairs
+for part-of-speech and other plain tag sets, the sentence with its entities bracketed for
+entity tags, the words for segmentation tags. `--input` reads a file laid out like the
+training data (TSV/CSV/JSONL with `--text_columns`, CoNLL, SQuAD JSON, or for `segment` one
+raw sentence a line); `--output` writes one JSON record per example.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from bertjax import cli  # noqa: E402
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string(
     "text", [], "Input text, repeatable: with [MASK]s (fill-mask), a sentence or TAB-separated "
-    "pair (classify), words (tag), a question (qa).")
+    "pair (classify), words (tag), Chinese text (segment), a question (qa).")
 _TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions shown per [MASK].")
 _CONTEXT = flags.DEFINE_string("context", "", "qa: the passage that answers the questions.")
 _INPUT = flags.DEFINE_string("input", "", "A file to predict on, laid out like training data.")

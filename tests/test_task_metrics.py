@@ -144,3 +144,22 @@ def test_squad_v2_no_answer_and_best_threshold():
     # Answer a and c (odds <= -1), leave b and d null: all four right.
     assert scores["best_exact"] == 100.0 and scores["best_exact_thresh"] == -1.0
     assert scores["best_f1"] == 100.0
+
+
+def test_tag_scores_agree_with_scikit_learn():
+    gold = [["NN", "VB", "DT", "NN"], ["PRP", "VB", "NN"]]
+    pred = [["NN", "NN", "DT", "NN"], ["PRP", "VB", "JJ"]]
+    scores = tm.tag_scores(gold, pred)
+    flat_gold, flat_pred = sum(gold, []), sum(pred, [])
+    assert scores["token_accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(flat_gold, flat_pred))
+    tags = sorted(set(flat_gold) | set(flat_pred))
+    p, r, f, support = sklearn.metrics.precision_recall_fscore_support(
+        flat_gold, flat_pred, labels=tags, zero_division=0)
+    for i, tag in enumerate(tags):
+        assert scores["per_tag"][tag]["precision"] == pytest.approx(p[i])
+        assert scores["per_tag"][tag]["recall"] == pytest.approx(r[i])
+        assert scores["per_tag"][tag]["f1"] == pytest.approx(f[i])
+        assert scores["per_tag"][tag]["support"] == support[i]
+    assert scores["macro_f1"] == pytest.approx(f.mean())
+    # A word without a prediction is an error, not a skipped word.
+    assert tm.tag_scores([["NN", "VB"]], [["NN", None]])["token_accuracy"] == 0.5

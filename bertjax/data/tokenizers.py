@@ -48,6 +48,12 @@ class Tokenizer(abc.ABC):
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
+    def encode_batch_unspaced(self, texts: Sequence[str]) -> list[list[int]]:
+        """Ids of texts as they read straight after other text, with no space between (a
+        character inside a Chinese sentence). Only tokenizers that mark word starts differ
+        from `encode_batch` here."""
+        return self.encode_batch(texts)
+
     @abc.abstractmethod
     def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -276,6 +282,7 @@ class SentencePieceTokenizer(Tokenizer):
         except Exception as e:  # protobuf DecodeError or sentencepiece's RuntimeError
             raise ValueError(f"{model_file!r} is not a SentencePiece model: {e}") from None
         self.lowercase = self._proto.normalizer_spec.name.endswith("_cf")
+        self._sp_unspaced = None
         _require_specials(self, model_file)
 
     def __repr__(self) -> str:
@@ -290,6 +297,21 @@ class SentencePieceTokenizer(Tokenizer):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._sp.encode(list(texts), out_type=int, num_threads=self.num_threads)
+
+    def encode_batch_unspaced(self, texts: Sequence[str]) -> list[list[int]]:
+        """Without the `▁` SentencePiece puts before a text's first piece (its dummy prefix):
+        the same model with that one normalizer setting off."""
+        if self._sp_unspaced is None:
+            import sentencepiece as spm
+            from sentencepiece import sentencepiece_model_pb2
+
+            proto = sentencepiece_model_pb2.ModelProto()
+            proto.CopyFrom(self._proto)
+            proto.normalizer_spec.add_dummy_prefix = False
+            self._sp_unspaced = spm.SentencePieceProcessor(
+                model_proto=proto.SerializeToString())
+        return self._sp_unspaced.encode(list(texts), out_type=int,
+                                        num_threads=self.num_threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._sp.decode([int(i) for i in ids])

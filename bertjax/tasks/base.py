@@ -176,7 +176,7 @@ class Task(abc.ABC):
 def reading_defaults() -> dict:
     """Settings for reading files to predict on when a model's task.json does not say."""
     return {"format": "", "header": True, "text_columns": ("sentence",), "label_column": "label",
-            "tag_scheme": "", "strict_tags": False}
+            "tag_scheme": "", "strict_tags": False, "scheme": "", "doc_stride": 128}
 
 
 def _name(path: str) -> str:

@@ -1,4 +1,5 @@
-"""Fine-tuning metrics in plain numpy: classification, correlation, entity-level tagging, SQuAD.
+"""Fine-tuning metrics in plain numpy: classification, correlation, tagging (entity-level,
+per tag, word segmentation), SQuAD.
 
 Classification and correlation metrics are fractions in [0, 1] (or [-1, 1]); SQuAD exact
 match and F1 are percentages, as the official evaluation scripts print them, so the numbers
@@ -14,7 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from bertjax.tasks.tag_schemes import entities
+from bertjax.tasks.tag_schemes import entities, word_spans
 
 
 def accuracy(predictions, labels) -> float:
@@ -101,6 +102,57 @@ def entity_scores(true_tags: Sequence[Sequence[str]],
                    sum(e[0] == kind for e in pred), sum(e[0] == kind for e in gold))
         for kind in sorted({e[0] for e in gold | pred})}
     return scores
+
+
+def tag_scores(true_tags: Sequence[Sequence[str]],
+               pred_tags: Sequence[Sequence[str | None]]) -> dict:
+    """Token accuracy, and per tag precision / recall / F1 with their unweighted mean
+    ('macro_f1', over the tags in either). A word without a prediction (None) is wrong."""
+    gold, pred = _flat_pairs(true_tags, pred_tags)
+    per_tag = {tag: _prf(sum(g == p == tag for g, p in zip(gold, pred)),
+                         sum(p == tag for p in pred), sum(g == tag for g in gold))
+               for tag in sorted(set(gold) | {p for p in pred if p is not None})}
+    return {"token_accuracy": sum(g == p for g, p in zip(gold, pred)) / max(len(gold), 1),
+            "macro_f1": float(np.mean([s["f1"] for s in per_tag.values()])) if per_tag else 0.0,
+            "per_tag": per_tag}
+
+
+def word_scores(true_tags: Sequence[Sequence[str]], pred_tags: Sequence[Sequence[str]],
+                known_words: set[str] | None = None,
+                texts: Sequence[Sequence[str]] | None = None) -> dict:
+    """Word segmentation scores from character tags (BMES/BIES): word-level precision, recall
+    and F1, a predicted word being right when it has exactly a gold word's span (the SIGHAN
+    bakeoff scoring). With `known_words` (the training words) and the characters of each
+    sentence (`texts`), also the recall of gold words outside them ('oov_recall')."""
+    if len(true_tags) != len(pred_tags):
+        raise ValueError(f"{len(true_tags)} gold sentences but {len(pred_tags)} predicted")
+    correct = predicted = actual = oov = oov_found = 0
+    for i, (t, p) in enumerate(zip(true_tags, pred_tags)):
+        if len(t) != len(p):
+            raise ValueError(f"sentence {i}: {len(t)} gold tags but {len(p)} predicted")
+        gold, found = set(word_spans(t)), set(word_spans(p))
+        correct, predicted, actual = correct + len(gold & found), predicted + len(found), \
+            actual + len(gold)
+        if known_words is not None and texts is not None:
+            unknown = {s for s in gold if "".join(texts[i][s[0]:s[1]]) not in known_words}
+            oov, oov_found = oov + len(unknown), oov_found + len(unknown & found)
+    scores = _prf(correct, predicted, actual)
+    if known_words is not None and texts is not None:
+        scores["oov_recall"] = oov_found / oov if oov else 0.0
+        scores["oov_words"] = oov
+    return scores
+
+
+def _flat_pairs(true_tags, pred_tags) -> tuple[list, list]:
+    if len(true_tags) != len(pred_tags):
+        raise ValueError(f"{len(true_tags)} gold sentences but {len(pred_tags)} predicted")
+    gold, pred = [], []
+    for i, (t, p) in enumerate(zip(true_tags, pred_tags)):
+        if len(t) != len(p):
+            raise ValueError(f"sentence {i}: {len(t)} gold tags but {len(p)} predicted")
+        gold += list(t)
+        pred += list(p)
+    return gold, pred
 
 
 def _prf(correct: int, predicted: int, actual: int) -> dict:

@@ -29,7 +29,8 @@ import numpy as np
 
 from bertjax import files
 from bertjax.data.tokenizers import is_cjk_ideograph
-from bertjax.tasks.features import Features, Packer, WordEncoder, stack
+from bertjax.tasks.features import (Features, Packer, WordEncoder, max_context_window, stack,
+                                    windows)
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +186,10 @@ def squad_features(examples: Sequence[SquadExample], tokenizer, max_seq_length: 
             doc, tok_to_word, word_first_tok = _context_tokens(context, encode)
         answer = _answer_tokens(example, doc, word_first_tok, tokenizer)
         budget = max_seq_length - len(query) - 3
-        windows = _windows(len(doc), budget, doc_stride)
-        best_window = _max_context_window(windows, len(doc))
+        row_windows = windows(len(doc), budget, doc_stride)
+        best_window = max_context_window(row_windows, len(doc))
         offset = len(query) + 2
-        for w, (start, length) in enumerate(windows):
+        for w, (start, length) in enumerate(row_windows):
             ids, mask, segments = packer.pack(query, doc[start:start + length])
             pad = max_seq_length - offset - length
             words = np.array([-1] * offset + tok_to_word[start:start + length] + [-1] * pad,
@@ -241,29 +242,3 @@ def _answer_tokens(example: SquadExample, doc, word_first_tok, tokenizer):
         if answer and doc[s:s + len(answer)] == answer:
             return s, s + len(answer) - 1
     return first, last
-
-
-def _windows(num_tokens: int, budget: int, stride: int) -> list[tuple[int, int]]:
-    """(start, length) of windows of at most `budget` tokens, starts `stride` apart, the last
-    ending at the end of the context."""
-    windows, start = [], 0
-    while True:
-        length = min(num_tokens - start, budget)
-        windows.append((start, length))
-        if start + length >= num_tokens:
-            return windows
-        start += min(length, stride)
-
-
-def _max_context_window(windows, num_tokens: int) -> np.ndarray:
-    """For each context token, the window where it has the most context on its shorter side
-    (ties to the longer window, then the earlier one)."""
-    best_score = np.full(num_tokens, -np.inf)
-    best = np.zeros(num_tokens, np.int32)
-    for w, (start, length) in enumerate(windows):
-        pos = np.arange(start, start + length)
-        score = np.minimum(pos - start, start + length - 1 - pos) + 0.01 * length
-        better = score > best_score[pos]
-        best_score[pos[better]] = score[better]
-        best[pos[better]] = w
-    return best

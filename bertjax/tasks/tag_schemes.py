@@ -1,6 +1,12 @@
-"""Tag schemes for token tagging (BIO, BIOES): entity spans from tags and tags from spans.
+"""Tag sets for token tagging: what kind a file's tags are, and for the two kinds whose tags
+encode spans, the spans from tags and tags from spans.
 
-Decoding follows seqeval's default (conlleval-like) mode, the one NER papers report: an
+Three kinds (`task.scheme`): `entity` tags mark spans in BIO or BIOES (NER, chunks), `plain`
+tags are classes of their own (part of speech, any `token label`), and `segmentation` tags mark
+where words begin and end in character tagging (BMES or BIES, no types: Chinese word
+segmentation). A file's kind is detected from its tags unless given.
+
+Entity decoding follows seqeval's default (conlleval-like) mode, the one NER papers report: an
 `I-`/`E-` tag that cannot continue the current entity starts a new one instead of being
 dropped, and a change of type always closes the current entity. The same decoder serves the
 entity-level metrics and the repair of ill-formed training files, so what the model is
@@ -11,7 +17,9 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+KINDS = ("entity", "plain", "segmentation")
 SCHEMES = ("BIO", "BIOES")
+SEGMENTATION_SCHEMES = {"BMES": frozenset("BMES"), "BIES": frozenset("BIES")}
 PREFIXES = frozenset("BIES")
 
 Entity = tuple[str, int, int]  # (type, first index, last index inclusive)
@@ -67,3 +75,58 @@ def canonical(tags: Sequence[str], scheme: str) -> list[str]:
     """`tags` re-encoded so every entity starts and ends as `scheme` requires; well-formed
     sequences come back unchanged (e.g. BIO 'O I-PER' -> 'O B-PER')."""
     return to_tags(entities(tags), len(tags), scheme)
+
+
+def is_entity_tag(tag: str) -> bool:
+    try:
+        parse_tag(tag)
+    except ValueError:
+        return False
+    return True
+
+
+def detect_kind(tags: Iterable[str]) -> str:
+    """'segmentation' for bare B/M/E/S (or B/I/E/S) tags, 'entity' when every tag is 'O' or a
+    B-/I-/E-/S- tag, else 'plain' (see `mixed_kinds` for files that hold both)."""
+    distinct = set(tags)
+    if distinct and any(distinct <= letters for letters in SEGMENTATION_SCHEMES.values()):
+        return "segmentation"
+    return "entity" if all(is_entity_tag(t) for t in distinct) else "plain"
+
+
+def mixed_kinds(tags: Sequence[str]) -> tuple[int, int] | None:
+    """(index of an entity tag with a type, index of a tag that is no entity tag) when `tags`
+    hold both, which no single kind reads: a tagging file that mixes them is broken."""
+    typed = next((i for i, t in enumerate(tags) if "-" in t and is_entity_tag(t)), None)
+    other = next((i for i, t in enumerate(tags) if not is_entity_tag(t)), None)
+    return None if typed is None or other is None else (typed, other)
+
+
+def segmentation_scheme(tags: Iterable[str]) -> str:
+    """BIES if an I tag occurs, else BMES; raises on any other tag or on both M and I."""
+    distinct = set(tags)
+    if not distinct <= frozenset("BMEIS") or {"M", "I"} <= distinct:
+        shown = ", ".join(map(repr, sorted(distinct - frozenset("BMEIS")) or ["M", "I"]))
+        raise ValueError(f"segmentation tags {shown}: expected B, M, E, S (or B, I, E, S, "
+                         f"one scheme per file)")
+    return "BIES" if "I" in distinct else "BMES"
+
+
+def word_spans(tags: Sequence[str]) -> list[tuple[int, int]]:
+    """[first, last) character spans of the words that segmentation tags mark, decoded
+    leniently: a word begins at B or S and after E or S, whatever comes between."""
+    spans, start = [], 0
+    for i in range(1, len(tags) + 1):
+        if i == len(tags) or tags[i] in "BS" or tags[i - 1] in "ES":
+            spans.append((start, i))
+            start = i
+    return spans
+
+
+def segmentation_tags(lengths: Iterable[int], scheme: str = "BMES") -> list[str]:
+    """The tag of every character of words `lengths` long."""
+    middle = "M" if scheme == "BMES" else "I"
+    tags = []
+    for n in lengths:
+        tags += ["S"] if n == 1 else ["B"] + [middle] * (n - 2) + ["E"]
+    return tags

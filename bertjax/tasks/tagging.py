@@ -1,20 +1,26 @@
-"""Token tagging (NER): CoNLL-style files, their fixed-length features, and the task.
+"""Token tagging: CoNLL-style files, their fixed-length features, and the task.
 
 A file holds one token per line, its tag in the last field (fields split by tabs when the
 line has one, else by spaces, so both `word<TAB>tag` and CoNLL-2003's `word POS chunk tag`
 read), a blank (or whitespace-only) line between sentences, `-DOCSTART-` lines skipped.
 
-Tag schemes are BIO and BIOES (detected per file, or given). A tag that breaks the scheme
-(BIO: an `I-X` not after `B-X`/`I-X`) is *repaired*, not rejected: the sentence is decoded the
-way the entity metric decodes it (seqeval default mode; the stray `I-X` starts an entity)
-and re-encoded, and the number of repaired tags is logged with the first file:line. Real
-data needs this (WNUT and IOB1-style CoNLL files hold such tags); `strict=True` raises on the
-first one instead.
+Tags are of one kind per file (`task.scheme`, see tag_schemes.py; detected unless given):
+entity spans (BIO/BIOES: NER, chunks), plain classes (part of speech, any `token label`), or
+word segmentation (BMES/BIES, one character a line: Chinese word segmentation). A file that
+mixes entity tags with plain ones is an error naming both lines. A tag that breaks its
+scheme (BIO: an `I-X` not after `B-X`/`I-X`; BMES: an `M` after an `E`) is *repaired*, not
+rejected: the sentence is decoded the way the metric decodes it (the entity metric:
+seqeval's default mode, the stray `I-X` starts an entity) and re-encoded, and the number of
+repaired tags is logged with the first file:line. Real data needs this (WNUT and IOB1-style
+CoNLL files hold such tags); `strict=True` raises on the first one instead.
 
-Each word is tokenized on its own; `label_ids` holds the tag id at the word's first
-sub-token and -1 (ignored by the loss and the metric) elsewhere. A sentence too long for one
-row is split at word boundaries over several rows (counted); `example_index` and `word_ids`
-map every row back so predictions come out per word.
+Each word is encoded as it reads in running text (features.WordEncoder: a Chinese character
+after another one carries no word-start mark), and `label_ids` holds its tag id at its
+first piece that carries text (features.HeadFinder), -1 (ignored by the loss and the metric)
+elsewhere. A sentence too long for one row is covered by overlapping windows `stride` pieces
+apart, as SQuAD contexts are, and each word is labelled and scored in one window only: the
+one where it has the most context on either side. `example_index` and `word_ids` map every
+row back so predictions come out per word. A sentence that fits one row is one row.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from bertjax.models.heads import BertForTokenClassification
 from bertjax.tasks import metrics
 from bertjax.tasks import tag_schemes as tagging
 from bertjax.tasks.base import Task, TaskSet, register
-from bertjax.tasks.features import Features, LabelVocab, Packer, WordEncoder, stack
+from bertjax.tasks.features import (Features, HeadFinder, LabelVocab, Packer, WordEncoder,
+                                    joined_to_previous, max_context_window, stack, windows)
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +56,10 @@ class TaggedSentence:
 
 
 def read_conll(path: str, scheme: str | None = None, labelled: bool = True,
-               strict: bool = False) -> list[TaggedSentence]:
-    """Sentences of a CoNLL-style file; `labelled=False` reads token-only files (for predict)."""
+               strict: bool = False, kind: str | None = None) -> list[TaggedSentence]:
+    """Sentences of a CoNLL-style file; `labelled=False` reads token-only files (for predict).
+    `kind` is the tags' kind (tag_schemes.KINDS; None: detected from this file's tags),
+    `scheme` an entity scheme (BIO/BIOES; None: detected)."""
     text = files.read_text(path)
     name = files.path(path).name
     sentences, words, tags, lines = [], [], [], []
@@ -78,10 +87,6 @@ def read_conll(path: str, scheme: str | None = None, labelled: bool = True,
                 raise ValueError(f"{path}:{line_num}: expected a token and a tag, found "
                                  f"{line!r}")
             if labelled:
-                try:
-                    tagging.parse_tag(fields[-1])
-                except ValueError as e:
-                    raise ValueError(f"{path}:{line_num}: {e}") from None
                 tags.append(fields[-1])
             words.append(fields[0])
             lines.append(line_num)
@@ -89,8 +94,39 @@ def read_conll(path: str, scheme: str | None = None, labelled: bool = True,
     if not sentences:
         raise ValueError(f"{path}: no sentences")
     if labelled:
-        _check_scheme(path, sentences, scheme, strict)
+        kind = kind or _detect_kind(path, sentences)
+        if kind == "entity":
+            _check_entity_tags(path, sentences)
+            _check_scheme(path, sentences, scheme, strict)
+        elif kind == "segmentation":
+            _check_segmentation(path, sentences, strict)
+        elif kind != "plain":
+            raise ValueError(f"task.scheme {kind!r}: expected one of {', '.join(tagging.KINDS)}")
     return [s for s, _ in sentences]
+
+
+def _detect_kind(path: str, sentences) -> str:
+    tags = [t for s, _ in sentences for t in s.tags]
+    mixed = tagging.mixed_kinds(tags)
+    if mixed:
+        line_of = [line for _, lines in sentences for line in lines]
+        entity, plain = mixed
+        raise ValueError(f"{path}:{line_of[plain]}: tag {tags[plain]!r} is not an entity tag, "
+                         f"but line {line_of[entity]} holds the entity tag {tags[entity]!r}: a "
+                         f"file holds "
+                         f"one kind of tags; set task.scheme=plain to read every tag as a "
+                         f"class of its own")
+    return tagging.detect_kind(tags)
+
+
+def _check_entity_tags(path: str, sentences) -> None:
+    for sentence, lines in sentences:
+        for tag, line_num in zip(sentence.tags, lines):
+            try:
+                tagging.parse_tag(tag)
+            except ValueError as e:
+                raise ValueError(f"{path}:{line_num}: {e} (task.scheme=entity; set it to "
+                                 f"plain for classes such as part-of-speech tags)") from None
 
 
 def _check_scheme(path: str, sentences, scheme: str | None, strict: bool) -> None:
@@ -100,9 +136,24 @@ def _check_scheme(path: str, sentences, scheme: str | None, strict: bool) -> Non
         raise ValueError(f"tag scheme {scheme!r}: expected one of {', '.join(tagging.SCHEMES)}")
     if scheme == "BIO" and found == "BIOES":
         raise ValueError(f"{path}: holds E-/S- tags but the scheme is BIO")
+    _repair(path, sentences, scheme, lambda tags: tagging.canonical(tags, scheme), strict)
+
+
+def _check_segmentation(path: str, sentences, strict: bool) -> None:
+    try:
+        scheme = tagging.segmentation_scheme(t for s, _ in sentences for t in s.tags)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    _repair(path, sentences, scheme, lambda tags: tagging.segmentation_tags(
+        (b - a for a, b in tagging.word_spans(tags)), scheme), strict)
+
+
+def _repair(path: str, sentences, scheme: str, canonical, strict: bool) -> None:
+    """Re-encodes every sentence as its metric decodes it; counts, logs (or, strict, raises
+    on) the tags that change."""
     repaired, first = 0, None
     for sentence, lines in sentences:
-        fixed = tagging.canonical(sentence.tags, scheme)
+        fixed = canonical(sentence.tags)
         bad = [i for i, (a, b) in enumerate(zip(sentence.tags, fixed)) if a != b]
         if not bad:
             continue
@@ -126,60 +177,52 @@ def tag_vocab(sentences: Sequence[TaggedSentence]) -> LabelVocab:
 
 
 def tagging_features(sentences: Sequence[TaggedSentence], tokenizer, max_seq_length: int,
-                     label_vocab: LabelVocab | None = None) -> Features:
+                     label_vocab: LabelVocab | None = None,
+                     stride: int | None = None) -> Features:
     """input_ids / input_mask / segment_ids / label_ids [N, L] (label_ids only with tags),
-    example_index [N] and word_ids [N, L] (the word at each first sub-token, else -1)."""
+    example_index [N] and word_ids [N, L] (the word whose label sits there, else -1).
+    Windows over long sentences start `stride` pieces apart (default: half a row)."""
     packer = Packer(tokenizer, max_seq_length)
-    encode = WordEncoder(tokenizer)
+    encode, find_head = WordEncoder(tokenizer), HeadFinder(tokenizer)
     budget = max_seq_length - 2
+    stride = stride or max(1, budget // 2)
     has_tags = bool(sentences) and all(s.tags is not None for s in sentences)
     if has_tags and label_vocab is None:
         raise ValueError("tags need a label vocabulary (from the training set)")
-    rows, split, cut_words = [], 0, 0
+    rows, windowed = [], 0
     for index, sentence in enumerate(sentences):
-        word_ids = encode(sentence.words)
         tag_ids = ([label_vocab.id(t, sentence.guid) for t in sentence.tags] if has_tags
-                   else [-1] * len(word_ids))
-        chunks = _chunks([len(w) for w in word_ids], budget)
-        split += len(chunks) > 1
-        for first, last in chunks:
-            tokens, labels, words = [], [], []
-            for w in range(first, last):
-                pieces = word_ids[w][:budget]  # a single word longer than a row is cut
-                cut_words += len(pieces) < len(word_ids[w])
-                tokens += pieces
-                labels += [tag_ids[w]] + [-1] * (len(pieces) - 1)
-                words += [w] + [-1] * (len(pieces) - 1)
-            ids, mask, segments = packer.pack(tokens)
-            pad = max_seq_length - len(tokens) - 1
-            rows.append((ids, mask, segments, _row(labels, pad), np.int32(index),
-                         _row(words, pad)))
+                   else [-1] * len(sentence.words))
+        doc, doc_labels, doc_words = [], [], []
+        for w, pieces in enumerate(encode(sentence.words, joined_to_previous(sentence.words))):
+            head = find_head(pieces)
+            doc += pieces
+            doc_labels += [-1] * head + [tag_ids[w]] + [-1] * (len(pieces) - head - 1)
+            doc_words += [-1] * head + [w] + [-1] * (len(pieces) - head - 1)
+        spans = [(0, len(doc))] if len(doc) <= budget else windows(len(doc), budget, stride)
+        windowed += len(spans) > 1
+        best = max_context_window(spans, len(doc))
+        for k, (start, length) in enumerate(spans):
+            scored = best[start:start + length] == k  # each word in one window only
+            ids, mask, segments = packer.pack(doc[start:start + length])
+            pad = max_seq_length - length - 1
+            rows.append((ids, mask, segments,
+                         _row(np.where(scored, doc_labels[start:start + length], -1), pad),
+                         np.int32(index),
+                         _row(np.where(scored, doc_words[start:start + length], -1), pad)))
     names = ["input_ids", "input_mask", "segment_ids", "label_ids", "example_index", "word_ids"]
     arrays = stack(rows, names)
     if not has_tags:
         del arrays["label_ids"]
-    if split:
-        log.info("%d of %d sentences longer than %d tokens were split over several rows",
-                 split, len(sentences), max_seq_length)
-    return Features(arrays, {"examples": len(sentences), "split": split, "cut_words": cut_words})
+    if windowed:
+        log.info("%d of %d sentences longer than %d tokens are read in windows %d tokens apart",
+                 windowed, len(sentences), max_seq_length, stride)
+    return Features(arrays, {"examples": len(sentences), "windowed": windowed})
 
 
-def _row(values: list[int], pad: int) -> np.ndarray:
+def _row(values: Sequence[int], pad: int) -> np.ndarray:
     """-1 at [CLS], the values, then -1 at [SEP] and the padding."""
-    return np.array([-1] + values + [-1] * pad, np.int32)
-
-
-def _chunks(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive word ranges [first, last) whose tokens fit `budget` (a word at least alone)."""
-    chunks, first, used = [], 0, 0
-    for w, n in enumerate(lengths):
-        n = min(n, budget)
-        if used + n > budget:
-            chunks.append((first, w))
-            first, used = w, 0
-        used += n
-    chunks.append((first, len(lengths)))
-    return chunks
+    return np.array([-1, *values] + [-1] * pad, np.int32)
 
 
 def word_predictions(features: Features, predicted_NL: np.ndarray,
@@ -193,38 +236,58 @@ def word_predictions(features: Features, predicted_NL: np.ndarray,
     return out
 
 
-_WORD_SPLIT = re.compile(r"\S+")
-
-
-def words_of(text: str) -> list[str]:
-    """Whitespace words of raw text, for tagging free text (`predict --text`)."""
-    return _WORD_SPLIT.findall(text)
-
-
 @register
 class Tagging(Task):
+    """Tags words of CoNLL files; what the tags are (task.scheme) decides the metrics and
+    how predictions print: entity-level P/R/F1 (entity), token accuracy with per-tag P/R/F1
+    (plain), word-level P/R/F1 of the segmentation the character tags mark (segmentation)."""
+
     name = "tagging"
     command = "tag"
     targets = ("label_ids",)
-    best_metric = "f1"
-    higher_is_better = ("f1", "precision", "recall", "token_accuracy")
+    higher_is_better = ("f1", "precision", "recall", "token_accuracy", "macro_f1")
     uses_labels = True
-    saved_settings = ("max_seq_length", "tag_scheme")
+    saved_settings = ("max_seq_length", "doc_stride", "tag_scheme", "scheme")
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        if settings.scheme not in ("", *tagging.KINDS):
+            raise ValueError(f"task.scheme {settings.scheme!r}: expected one of "
+                             f"{', '.join(tagging.KINDS)} ('' detects it from the tags)")
+        self.known_words: set[str] | None = None  # segmentation: the training set's words
+
+    @property
+    def kind(self) -> str:
+        """The tags' kind: configured, or detected from the training set once it is read
+        (models exported before there were kinds tag entities)."""
+        return self.settings.scheme or "entity"
+
+    @property
+    def best_metric(self) -> str:
+        return "token_accuracy" if self.kind == "plain" else "f1"
 
     def read(self, path: str, labelled: bool) -> list[TaggedSentence]:
         s = self.settings
         if s.format and s.format != "conll":
-            raise ValueError(f"{path}: task.type tagging reads conll files, not {s.format}")
+            raise ValueError(f"{path}: task.type {self.name} reads conll files, not {s.format}")
         return read_conll(path, scheme=s.tag_scheme or None, labelled=labelled,
-                          strict=s.strict_tags)
+                          strict=s.strict_tags, kind=s.scheme or None)
 
     def label_vocab(self, train_examples: list) -> LabelVocab:
+        self.settings.scheme = self.settings.scheme or tagging.detect_kind(
+            t for s in train_examples for t in s.tags)
+        if self.kind == "segmentation":
+            self.known_words = {w for s in train_examples for w in segmented_words(s.words,
+                                                                                   s.tags)}
         return tag_vocab(train_examples)
 
     def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
-        return tagging_features(examples, tokenizer, self.settings.max_seq_length, labels)
+        return tagging_features(examples, tokenizer, self.settings.max_seq_length, labels,
+                                self.settings.doc_stride)
 
     def examples_from_texts(self, texts, context: str = "") -> list[TaggedSentence]:
+        if self.kind == "segmentation":
+            return [TaggedSentence(f"text{i}", characters_of(t)) for i, t in enumerate(texts)]
         return [TaggedSentence(f"text{i}", words_of(t)) for i, t in enumerate(texts)]
 
     def model(self, config, labels: LabelVocab):
@@ -244,22 +307,81 @@ class Tagging(Task):
 
     def evaluate(self, taskset: TaskSet, ids_NL, labels: LabelVocab):
         words = word_predictions(taskset.features, ids_NL, taskset.examples)
-        predicted = [[labels.labels[i] for i in w] for w in words]
+        # A word without a prediction (none: windows cover every word) would count as wrong.
+        predicted = [[labels.labels[i] if i >= 0 else None for i in w] for w in words]
+        unscored = sum(p is None for ps in predicted for p in ps)
+        if unscored:
+            log.warning("%s: %d words have no prediction; they count as errors", taskset.name,
+                        unscored)
         scores = {}
         if taskset.labelled:
-            gold = [s.tags for s in taskset.examples]
-            entity = metrics.entity_scores(gold, predicted)
-            correct = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs))
+            scores = self._scores([s.tags for s in taskset.examples], predicted,
+                                  taskset.examples)
+            if self.kind != "entity":
+                scores["unscored_words"] = unscored
+        return scores, [self._record(s, tags) for s, tags in zip(taskset.examples, predicted)]
+
+    def _scores(self, gold, predicted, examples) -> dict:
+        if self.kind == "plain":
+            return metrics.tag_scores(gold, predicted)
+        # The span decoders read a missing prediction as outside any entity, a word of its own.
+        if self.kind == "segmentation":
+            scores = metrics.word_scores(gold, [[p or "S" for p in ps] for ps in predicted],
+                                         self.known_words, [s.words for s in examples])
+        else:
+            entity = metrics.entity_scores(gold, [[p or "O" for p in ps] for ps in predicted])
             scores = {k: entity[k] for k in ("precision", "recall", "f1")}
-            scores["token_accuracy"] = correct / sum(len(g) for g in gold)
-        records = []
-        for sentence, tags in zip(taskset.examples, predicted):
-            record = {"guid": sentence.guid, "words": sentence.words}
+        correct = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs))
+        scores["token_accuracy"] = correct / sum(len(g) for g in gold)
+        return scores
+
+    def _record(self, sentence: TaggedSentence, tags: list) -> dict:
+        if self.kind == "segmentation":
+            record = {"guid": sentence.guid, "text": "".join(sentence.words)}
             if sentence.tags is not None:
-                record["tags"] = sentence.tags
-            record["predictions"] = tags
-            records.append(record)
-        return scores, records
+                record["words"] = segmented_words(sentence.words, sentence.tags)
+            record["predictions"] = segmented_words(sentence.words, [t or "S" for t in tags])
+            record["predicted_tags"] = tags
+            return record
+        record = {"guid": sentence.guid, "words": sentence.words}
+        if sentence.tags is not None:
+            record["tags"] = sentence.tags
+        record["predictions"] = tags
+        return record
 
     def format_record(self, record: dict) -> str:
-        return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["predictions"]))
+        if self.kind == "segmentation":
+            return " ".join(record["predictions"])
+        words, tags = record["words"], record["predictions"]
+        if self.kind == "plain":
+            return " ".join(f"{w}/{t}" for w, t in zip(words, tags))
+        out, entities = [], {first: (kind, last) for kind, first, last
+                             in tagging.entities([t or "O" for t in tags])}
+        i = 0
+        while i < len(words):
+            if i in entities:
+                kind, last = entities[i]
+                out.append(f"[{' '.join(words[i:last + 1])}]{kind}")
+                i = last + 1
+            else:
+                out.append(words[i])
+                i += 1
+        return " ".join(out)
+
+
+def segmented_words(characters: Sequence[str], tags: Sequence[str]) -> list[str]:
+    """The words that segmentation tags mark over `characters`."""
+    return ["".join(characters[a:b]) for a, b in tagging.word_spans(tags)]
+
+
+_WORD_SPLIT = re.compile(r"\S+")
+
+
+def words_of(text: str) -> list[str]:
+    """Whitespace words of raw text, for tagging free text (`predict --text`)."""
+    return _WORD_SPLIT.findall(text)
+
+
+def characters_of(text: str) -> list[str]:
+    """The characters of raw text to segment, whitespace left out."""
+    return [c for c in text if not c.isspace()]

@@ -142,7 +142,6 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     'preempted', 'params'}.
     """
     task = finetune_config.validate(config)
-    best_metric = config.task.best_metric or task.best_metric
     source = checkpoints.open_model(config.init_checkpoint, config.task.tokenizer)
     cfg = task_model_config(source.config, config.model)
     if config.task.max_seq_length > cfg.max_position_embeddings:
@@ -150,6 +149,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                          f"model's max_position_embeddings {cfg.max_position_embeddings}")
     tokenizer = load_tokenizer(source.tokenizer_dir)
     data = task.load(tokenizer)
+    # After loading: a task may only know its metric from the data (tagging's tag kind).
+    best_metric = config.task.best_metric or task.best_metric
     model = task.model(cfg, data.labels)
 
     batch_size, train_cfg = config.train.global_batch_size, config.train

@@ -49,10 +49,15 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.tfds_data_dir = ""
     config.task.tfds_train_split = "train"
     config.task.tfds_eval_splits = ("validation",)
-    config.task.tag_scheme = ""  # BIO | BIOES; '' detects it from the training file
+    # Tagging: what the tags are, entity (BIO/BIOES spans: NER, chunks) | plain (classes:
+    # part of speech) | segmentation (BMES/BIES character tags: Chinese word segmentation);
+    # '' detects it from the training file.
+    config.task.scheme = ""
+    config.task.tag_scheme = ""  # entity tags: BIO | BIOES; '' detects it from the file
     config.task.strict_tags = False  # a tag breaking the scheme is an error, not a repair
     config.task.max_seq_length = 128
-    # SQuAD: windows over long contexts, and the answer search (see bertjax/tasks/spans.py).
+    # Windows over texts longer than a row start doc_stride tokens apart (SQuAD contexts,
+    # tagging sentences); then SQuAD's answer search (see bertjax/tasks/spans.py).
     config.task.doc_stride = 128
     config.task.max_query_length = 64
     config.task.n_best = 20
@@ -60,7 +65,8 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.version_2 = False  # SQuAD 2.0: questions may have no answer
     config.task.null_threshold = 0.0  # v2.0: no answer when null score - best span > this
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
-    # (regression), f1 (tagging: entity F1; squad: F1).
+    # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
+    # token_accuracy; squad: F1).
     config.task.best_metric = ""
     config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
 
