@@ -24,7 +24,6 @@ last checkpoint. See launch/README.md.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import re
 import shlex
@@ -239,7 +238,7 @@ class BatchJob:
         """Polls the job's state until it ends, printing its new log lines as they come."""
         last, uid, after = None, None, None
         while True:
-            state = self.runner.output(self.state_query(name))
+            state = self.runner.output(self.state_query(name), echo=False)
             if state != last:
                 self.runner.note(f"job {name}: {state}")
                 last = state
@@ -252,7 +251,7 @@ class BatchJob:
 
     def _print_logs(self, uid: str, after: str | None) -> str | None:
         """Prints the entries newer than AFTER; returns the newest timestamp printed."""
-        found = self.runner.output(self.logs_query(uid, after), show_errors=False)
+        found = self.runner.output(self.logs_query(uid, after), show_errors=False, echo=False)
         for entry in json.loads(found) if found else []:
             task = entry.get("labels", {}).get("task_id", "").rsplit("-", 1)[-1].split("/")[0]
             text = entry.get("textPayload", "").rstrip("\n")

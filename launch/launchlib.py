@@ -270,9 +270,13 @@ class Runner:
         return status
 
     def output(self, argv: Sequence[str], show_errors: bool = True,
-               timeout: float | None = None, strip: bool = True) -> str | None:
-        """stdout of a query command (None when it fails or times out, or in a dry run)."""
-        self._echo(argv)
+               timeout: float | None = None, strip: bool = True,
+               echo: bool = True) -> str | None:
+        """stdout of a query command (None when it fails or times out, or in a dry run).
+
+        ECHO=False keeps a real run's log free of commands repeated every poll."""
+        if echo or self.dry_run:
+            self._echo(argv)
         if self.dry_run:
             return None
         try:

@@ -249,10 +249,10 @@ def watch(tpu: TpuSlice, workers: int | None) -> int:
     while True:
         # The status first: log lines fetched after it include everything a finished run wrote.
         status = runner.output(tpu.ssh(STATUS_COMMAND), show_errors=False,
-                               timeout=_POLL_TIMEOUT_SECONDS)
+                               timeout=_POLL_TIMEOUT_SECONDS, echo=False)
         codes = dict(_STATUS_RE.findall(status or ""))
         new = runner.output(tpu.ssh(log_command(lines_seen), worker="0"), show_errors=False,
-                            timeout=_POLL_TIMEOUT_SECONDS, strip=False)
+                            timeout=_POLL_TIMEOUT_SECONDS, strip=False, echo=False)
         if new:
             complete = new.splitlines(keepends=True)
             if not complete[-1].endswith("\n"):
@@ -285,7 +285,7 @@ def _stop_after_failure(tpu: TpuSlice, failed: dict[str, int], workers: int) -> 
     deadline = time.monotonic() + _STOP_WAIT_SECONDS
     while time.monotonic() < deadline:
         status = tpu.runner.output(tpu.ssh(STATUS_COMMAND), show_errors=False,
-                                   timeout=_POLL_TIMEOUT_SECONDS)
+                                   timeout=_POLL_TIMEOUT_SECONDS, echo=False)
         codes = dict(_STATUS_RE.findall(status or ""))
         if len(codes) >= workers and "running" not in codes.values():
             break

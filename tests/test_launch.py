@@ -9,8 +9,10 @@ logic are checked without any network.
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -417,6 +419,35 @@ def test_a_failing_worker_stops_the_others_and_is_not_retried(tmp_path):
     assert "ValueError: worker 1 read a bad shard" in result.stderr
     log0 = (workdir / "logs" / "bert1-0" / "worker-0.log").read_text()
     assert "SIGTERM: checkpoint saved" in log0
+
+
+def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
+    workdir = tmp_path / "run"
+    args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
+    env = fake_gcloud_env(tmp_path, "ok")
+    launcher = subprocess.Popen(
+        [sys.executable, str(REPO / "launch" / TPU), *args, f"--workdir={workdir}",
+         "--allow_local_workdir", "--source=git", "--git_url=https://example.com/bertjax.git",
+         "--poll_seconds=0.2", "--", SHARDS], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Ctrl-C once the run is going on both workers (the fake starts them one after the other).
+    started = [tmp_path / f"trainer-starts-{worker}" for worker in (0, 1)]
+    for _ in range(600):
+        if all(s.exists() for s in started) or launcher.poll() is not None:
+            break
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, stderr
+    assert "stopped watching; the run goes on on bert1" in stderr
+    assert "delete" not in verbs(tmp_path)
+
+    attached = launch(TPU, "--attach", "--name=bert1", "--zone=us-central2-b", "--project=proj",
+                      "--poll_seconds=0.2", env=env)
+    assert attached.returncode == 0, attached.stderr
+    assert "worker 0: step 2, done" in attached.stdout
+    assert verbs(tmp_path)[-1] == "delete" and verbs(tmp_path).count("ssh:start") == 1
+    assert "step 2, done" in (workdir / "logs" / "bert1-0" / "worker-1.log").read_text()
 
 
 def test_a_tpu_name_in_use_is_refused_and_left_alone(tmp_path):
