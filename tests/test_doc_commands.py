@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from config_commands import parse
+from pretrain_helpers import CACHE_ENV
 from bertjax import main as bertjax_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -128,6 +129,7 @@ def test_bertjax_commands_parse_with_the_real_flag_parsers(doc, command, tmp_pat
 DEMO_SHRINK = {
     "bertjax.prepare": ["--vocab_size=1000", "--spm_sample_sentences=5000", "--quiet"],
     "bertjax.main": ["--config.train.num_steps=2", "--config.train.global_batch_size=8",
+                     "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
                      "--config.train.log_every=1", "--config.train.eval_every=0",
                      "--config.train.checkpoint_every=2", "--config.optimizer.warmup_steps=1",
                      "--config.quiet=true"],
@@ -146,7 +148,7 @@ def test_the_readme_demo_runs_as_pasted(tmp_path):
         lines.append(line)
     result = subprocess.run(["bash", "-e", "-c", "\n".join(lines)], cwd=REPO, timeout=600,
                             capture_output=True, text=True,
-                            env={**os.environ, "PYTHONPATH": ""})
+                            env={**os.environ, **CACHE_ENV, "PYTHONPATH": ""})
     assert result.returncode == 0, result.stderr[-3000:]
     # Three texts, each with its blank filled by the model just trained.
     assert result.stdout.count("[MASK]") >= 3, result.stdout
