@@ -13,5 +13,9 @@ if [ "$FAKE_GCLOUD_SCENARIO" = fail ]; then
     # The others wait for worker 1 in a collective until they are stopped.
     sleep 60 & wait $!
 fi
+# A test that must act while the run goes on holds it until it creates the release file.
+if [ -n "$FAKE_TRAINER_HOLD" ]; then
+    while [ ! -e "$FAKE_GCLOUD_DIR/release" ]; do sleep 0.1 & wait $!; done
+fi
 sleep 1.5 & wait $!
 echo "worker $FAKE_WORKER_ID: step 2, done"

@@ -424,7 +424,7 @@ def test_a_failing_worker_stops_the_others_and_is_not_retried(tmp_path):
 def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
     workdir = tmp_path / "run"
     args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
-    env = fake_gcloud_env(tmp_path, "ok")
+    env = {**fake_gcloud_env(tmp_path, "ok"), "FAKE_TRAINER_HOLD": "1"}
     launcher = subprocess.Popen(
         [sys.executable, str(REPO / "launch" / TPU), *args, f"--workdir={workdir}",
          "--allow_local_workdir", "--source=git", "--git_url=https://example.com/bertjax.git",
@@ -442,6 +442,7 @@ def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
     assert "stopped watching; the run goes on on bert1" in stderr
     assert "delete" not in verbs(tmp_path)
 
+    (tmp_path / "release").touch()  # the training goes on to its end
     attached = launch(TPU, "--attach", "--name=bert1", "--zone=us-central2-b", "--project=proj",
                       "--poll_seconds=0.2", env=env)
     assert attached.returncode == 0, attached.stderr
