@@ -1,12 +1,16 @@
 """Run bertjax.main on GPU VMs with Cloud Batch: one task per VM, all tasks one JAX job.
 
-    python launch/gcp_batch.py --project=P --region=us-central1 --num_nodes=2 \\
+    .venv/bin/python launch/gcp_batch.py --project=P --region=us-central1 --num_nodes=2 \\
         --machine_type=a3-highgpu-8g --config=configs/base.py --workdir=gs://BUCKET/run1 \\
-        --spot --retries=3 -- --config.optimizer.learning_rate=2e-4
+        --spot --retries=3 -- --config.data.shard_dir=gs://BUCKET/corpus
 
-The launcher writes the Batch job JSON to a temp file (printed in a dry run), submits it
-with `gcloud batch jobs submit`, and waits for it. Everything after `--` is passed to
-`python -m bertjax.main` unchanged. Each task (= VM = JAX process) gets, for
+The launcher parses the config and the overrides with bertjax.main's own parser, writes the
+Batch job JSON to a temp file (printed in a dry run), submits it with `gcloud batch jobs
+submit`, and waits for it, printing the tasks' log lines from Cloud Logging as they come.
+Everything after `--` is passed to `python -m bertjax.main` unchanged. Every task installs
+bertjax, then waits at a barrier for the others, so that no process starts
+`jax.distributed.initialize` (which gives up after minutes) while another still installs.
+Each task (= VM = JAX process) gets, for
 `jax.distributed.initialize`, the environment variables
 
     BERTJAX_COORDINATOR_ADDRESS  host:port of task 0 (Batch's $BATCH_MAIN_NODE_HOSTNAME)
@@ -21,6 +25,7 @@ last checkpoint. See launch/README.md.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import time
 
@@ -51,6 +56,12 @@ flags.DEFINE_enum("jax_extra", "cuda12", ["cuda12", "cuda13"], "jax extra instal
                   "script path (cuda13 needs an NVIDIA driver >= 580).")
 flags.DEFINE_integer("coordinator_port", 8476, "Port of the jax.distributed coordinator on task 0.")
 flags.DEFINE_bool("wait", True, "Wait for the job to end (needed for --retries).")
+flags.DEFINE_string("reservation", None, "Compute Engine reservation the VMs consume (its name "
+                    "or projects/P/zones/Z/reservations/NAME). Default: any matching one.")
+flags.DEFINE_bool("collocated", True, "Ask Batch to place the VMs close together (placement "
+                  "COLLOCATED), for the all-reduce bandwidth between them.")
+flags.DEFINE_string("max_run_duration", "7d", "Longest a task may run (e.g. 90m, 36h, 7d): "
+                    "Batch ends a run that hangs instead of billing it forever.")
 
 # The shared flags (--project, --config, --workdir, ...) show in this script's --help.
 flags.adopt_module_key_flags(launchlib)
@@ -71,6 +82,16 @@ _BASE = "/opt"
 _SOURCE_MOUNT = "/mnt/disks/bertjax-src"
 _DONE_STATES = {"SUCCEEDED", "FAILED", "CANCELLED"}
 DISTRIBUTED_ENV = ("BERTJAX_COORDINATOR_ADDRESS", "BERTJAX_NUM_PROCESSES", "BERTJAX_PROCESS_ID")
+_DURATION_RE = re.compile(r"(\d+)([smhd]?)")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> int:
+    found = _DURATION_RE.fullmatch(text.strip())
+    if not found or int(found.group(1)) == 0:
+        raise LaunchError(f"--max_run_duration={text}: expected a positive duration such as "
+                          "90m, 36h or 7d")
+    return int(found.group(1)) * _SECONDS[found.group(2)]
 
 
 def accelerators(machine_type: str, gpu_type: str | None, count: int | None) -> tuple[str, int]:
@@ -113,12 +134,16 @@ def runnables(command: list[str], staged: bool) -> list[dict]:
     tarball = f"{_SOURCE_MOUNT}/{launchlib.ARCHIVE_NAME}" if staged else None
     setup = launchlib.worker_setup(_BASE, FLAGS.source, FLAGS.git_url, FLAGS.ref, tarball,
                                    FLAGS.jax_extra, FLAGS.python_version)
-    script = "\n".join([
-        "#!/bin/bash", "set -euo pipefail",
-        # uv keeps its downloaded Pythons under $HOME, which Batch may leave unset for root.
-        'export HOME="${HOME:-/root}"', setup, *exports,
-        " && ".join(launchlib.worker_run(_BASE, {}, command)), ""])
-    steps.append({"displayName": "bertjax", "script": {"text": script}})
+    # uv keeps its downloaded Pythons under $HOME, which Batch may leave unset for root.
+    header = ["#!/bin/bash", "set -euo pipefail", 'export HOME="${HOME:-/root}"']
+    steps.append({"displayName": "install", "script": {"text": "\n".join([*header, setup, ""])}})
+    if FLAGS.num_nodes > 1:
+        # Installing takes minutes and not equally long everywhere, and jax.distributed gives
+        # up when a process is missing for long: every task starts JAX only once all are ready.
+        steps.append({"displayName": "all-installed", "barrier": {"name": "installed"}})
+    run = " && ".join(launchlib.worker_run(_BASE, {}, command))
+    steps.append({"displayName": "bertjax",
+                  "script": {"text": "\n".join([*header, *exports, run, ""])}})
     return steps
 
 
@@ -132,6 +157,7 @@ def job_config(command: list[str], env: dict[str, str], gpus: tuple[str, int],
         # A lone retried task could not rejoin the other processes' jax.distributed group:
         # retries resubmit the whole job instead (see launch()).
         "maxRetryCount": 0,
+        "maxRunDuration": f"{duration_seconds(FLAGS.max_run_duration)}s",
     }
     if staging is not None:
         task_spec["volumes"] = [{"gcs": {"remotePath": staging.removeprefix("gs://")},
@@ -144,9 +170,21 @@ def job_config(command: list[str], env: dict[str, str], gpus: tuple[str, int],
     }
     if FLAGS.boot_image:
         policy["bootDisk"]["image"] = FLAGS.boot_image
+    if FLAGS.reservation:
+        policy["reservation"] = FLAGS.reservation
     allocation = {"instances": [{"installGpuDrivers": True, "policy": policy}]}
     if FLAGS.zones:
         allocation["location"] = {"allowedLocations": [f"zones/{z}" for z in FLAGS.zones]}
+    if FLAGS.collocated and FLAGS.num_nodes > 1:
+        allocation["placement"] = {"collocation": "COLLOCATED"}
+    interface = {key: value for key, value in (
+        ("network", FLAGS.network), ("subnetwork", FLAGS.subnetwork)) if value}
+    if FLAGS.internal_ip:
+        interface["noExternalIpAddress"] = True
+    if interface:
+        allocation["network"] = {"networkInterfaces": [interface]}
+    if FLAGS.service_account:
+        allocation["serviceAccount"] = {"email": FLAGS.service_account}
     return {
         "taskGroups": [{
             "taskCount": FLAGS.num_nodes,
@@ -184,16 +222,42 @@ class BatchJob:
     def tasks_query(self, name: str) -> list[str]:
         return ["gcloud", "batch", "tasks", "list", f"--job={name}", *self.where, "--format=json"]
 
+    def uid_query(self, name: str) -> list[str]:
+        return ["gcloud", "batch", "jobs", "describe", name, *self.where, "--format=value(uid)"]
+
+    def logs_query(self, uid: str, after: str | None) -> list[str]:
+        """The job's task logs in Cloud Logging (what its runnables print), oldest first."""
+        where = (f'logName="projects/{self.project}/logs/batch_task_logs" AND '
+                 f'labels.job_uid="{uid}"')
+        if after:
+            where += f' AND timestamp>"{after}"'
+        return ["gcloud", "logging", "read", where, f"--project={self.project}", "--order=asc",
+                "--format=json"]
+
     def wait(self, name: str) -> str:
-        last = None
+        """Polls the job's state until it ends, printing its new log lines as they come."""
+        last, uid, after = None, None, None
         while True:
-            state = self.runner.output(self.state_query(name))
+            state = self.runner.output(self.state_query(name), echo=False)
             if state != last:
                 self.runner.note(f"job {name}: {state}")
                 last = state
+            uid = uid or self.runner.output(self.uid_query(name))
+            if uid:
+                after = self._print_logs(uid, after)
             if state in _DONE_STATES:
                 return state
-            time.sleep(launchlib.POLL_SECONDS)
+            time.sleep(FLAGS.poll_seconds)
+
+    def _print_logs(self, uid: str, after: str | None) -> str | None:
+        """Prints the entries newer than AFTER; returns the newest timestamp printed."""
+        found = self.runner.output(self.logs_query(uid, after), show_errors=False, echo=False)
+        for entry in json.loads(found) if found else []:
+            task = entry.get("labels", {}).get("task_id", "").rsplit("-", 1)[-1].split("/")[0]
+            text = entry.get("textPayload", "").rstrip("\n")
+            print(f"[task {task}] {text}" if task else text, flush=True)
+            after = entry.get("timestamp", after)
+        return after
 
     def preempted(self, name: str) -> bool:
         listing = self.runner.output(self.tasks_query(name))
@@ -220,6 +284,7 @@ def launch(overrides: list[str]) -> int:
         raise LaunchError(f"--retries={FLAGS.retries}: expected 0 or more")
     if FLAGS.retries and not FLAGS.wait:
         raise LaunchError("--retries needs --wait: the launcher resubmits when the job fails")
+    duration_seconds(FLAGS.max_run_duration)
     retry_names = [name] + [f"{name}-r{i}" for i in range(1, FLAGS.retries + 1)]
     launchlib.check_name(retry_names[-1])
     ship_code = FLAGS.image is None and FLAGS.source == "local"
@@ -232,7 +297,8 @@ def launch(overrides: list[str]) -> int:
         raise LaunchError("missing bucket: --source=local stages the code in the workdir's "
                           "bucket, so --workdir must be gs://BUCKET/PATH")
 
-    runner = Runner(FLAGS.dry_run)
+    launchlib.check_config(FLAGS.config, FLAGS.workdir, overrides)
+    runner = Runner(FLAGS.dry_run, FLAGS.poll_seconds)
     project = launchlib.resolve_project(FLAGS.project, runner)
     if runner.dry_run:
         runner.note("dry run: these commands would run, in this order; none is run")
@@ -276,8 +342,11 @@ def _note_dry_run_wait(job: BatchJob, name: str, retry_names: list[str]) -> None
     if not FLAGS.wait:
         return
     job.runner.output(job.state_query(name))
-    job.runner.note(f"(repeated every {launchlib.POLL_SECONDS} s until the state is one of "
-                    f"{', '.join(sorted(_DONE_STATES))})")
+    job.runner.output(job.uid_query(name))
+    job.runner.output(job.logs_query("UID", None))
+    job.runner.note(f"(repeated every {FLAGS.poll_seconds:g} s until the state is one of "
+                    f"{', '.join(sorted(_DONE_STATES))}, printing the log lines newer than the "
+                    "last one printed)")
     if not retry_names:
         job.runner.note("--retries=0: a preempted job is not resubmitted")
         return

@@ -3,11 +3,15 @@
 Both launchers turn their flags into a list of commands (gcloud, git) and run them in
 order with `Runner`, which in dry-run mode prints each command on one line and runs none.
 Lines that are not commands start with `#`, so a dry run reads as an annotated script.
-Nothing here imports bertjax: the launchers run on a laptop that only has Python and gcloud.
+Before any of them, `check_config` parses the config and its overrides with bertjax.main's own
+parser, in a child process of this Python (so the launchers need bertjax's environment, e.g.
+`.venv/bin/python launch/tpu_vm.py ...`): a bad key fails here, not on the workers after the
+machines were paid for.
 """
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import shlex
 import shutil
@@ -22,7 +26,13 @@ from absl import flags
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 ARCHIVE_NAME = "bertjax-src.tar.gz"
-POLL_SECONDS = 60
+# ssh/scp through gcloud exit with ssh's own 255 when the connection fails (or drops):
+# that says nothing about the remote command, so such a step is tried again.
+SSH_FAILED = 255
+SSH_TRIES = 4
+# Values a run cannot start without, by config.mode: bertjax.main would find them missing only
+# on the workers, after the machines were created and set up.
+REQUIRED_VALUES = {"pretrain": ["data.shard_dir"], "finetune": ["init_checkpoint"]}
 
 # Resource names (TPU VMs, queued resources, Batch jobs) share the RFC 1035 rule.
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -50,6 +60,16 @@ flags.DEFINE_multi_string("env", [], "KEY=VALUE set for bertjax.main on every wo
 flags.DEFINE_integer("retries", 0, "How many times to start again from scratch (same workdir, "
                      "so training resumes from its last checkpoint) after a preemption.")
 flags.DEFINE_bool("dry_run", False, "Print every command, in order, one per line; run none.")
+flags.DEFINE_string("network", None, "VPC network of the VMs (default: the project's `default`).")
+flags.DEFINE_string("subnetwork", None, "Subnetwork of the VMs, in the zone's region.")
+flags.DEFINE_string("service_account", None, "Service account the VMs run as (its email); it "
+                    "needs read/write access to the workdir's bucket. Default: the Compute "
+                    "Engine default service account.")
+flags.DEFINE_bool("internal_ip", False, "The VMs get no external IP address; the launcher "
+                  "reaches them by their internal IPs, so run it from inside the same VPC. The "
+                  "subnetwork needs Private Google Access (and Cloud NAT to fetch packages).")
+flags.DEFINE_float("poll_seconds", 60, "How often the launcher asks how the run is going; "
+                   "also the pause before trying a failed ssh/scp again.")
 
 FLAGS = flags.FLAGS
 
@@ -115,6 +135,52 @@ def main_command(config: str | None, workdir: str, overrides: Sequence[str]) -> 
             *overrides]
 
 
+_CHECK_CONFIG = """
+import sys
+from bertjax import main
+argv = ["bertjax.main", *sys.argv[1:]]
+main.parse_flags(argv)
+config = main._CONFIG.value
+if config.mode not in main.MODES:
+    sys.exit(f"bertjax.main: error: config.mode {config.mode!r}: expected one of "
+             f"{', '.join(main.MODES)}")
+for key in REQUIRED.get(config.mode, []):
+    value = config
+    for part in key.split("."):
+        value = value[part]
+    if not value:
+        sys.exit(f"bertjax.main: error: config.{key} is empty: a {config.mode} run needs it "
+                 f"(--config.{key}=...)")
+"""
+
+
+def check_config(config: str, workdir: str, overrides: Sequence[str]) -> None:
+    """Parses CONFIG and OVERRIDES as `python -m bertjax.main` will on the workers.
+
+    It runs bertjax.main's own flag parser in a child of this Python (bertjax.main defines
+    `--config` and `--workdir` too, so it cannot share this process's flags), from the
+    repository root, where the workers run it too.
+    """
+    code = f"REQUIRED = {REQUIRED_VALUES!r}\n{_CHECK_CONFIG}"
+    result = subprocess.run(
+        [sys.executable, "-c", code, f"--config={config}", f"--workdir={workdir}", *overrides],
+        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(
+            filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+    if result.returncode == 0:
+        return
+    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    if any("ModuleNotFoundError" in line for line in lines):
+        raise LaunchError(f"cannot check --config={config}: {lines[-1]}. The launcher checks it "
+                          f"with bertjax's own parser, so run it with bertjax's environment "
+                          f"(`make install`, then .venv/bin/python launch/...)")
+    reasons = [line.split("error:", 1)[1].strip() for line in lines
+               if line.startswith(("bertjax.main: error:", "FATAL Flags parsing error:"))]
+    reason = reasons[0] if reasons else (lines[-1] if lines else f"exit {result.returncode}")
+    raise LaunchError(f"--config={config} with the overrides after `--` would fail on the "
+                      f"workers: {reason}")
+
+
 def env_exports(env: dict[str, str]) -> list[str]:
     return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
 
@@ -166,8 +232,8 @@ class Runner:
     log shows what happened; its output streams through unless it is captured.
     """
 
-    def __init__(self, dry_run: bool):
-        self.dry_run = dry_run
+    def __init__(self, dry_run: bool, pause_seconds: float = 60):
+        self.dry_run, self.pause_seconds = dry_run, pause_seconds
         self.tmpdir = Path(tempfile.mkdtemp(prefix="bertjax-launch-"))
         if not dry_run:
             # A dry run keeps its files (job.json can be submitted by hand); a real run has
@@ -191,17 +257,40 @@ class Runner:
             return 0
         return subprocess.run(list(argv), check=False).returncode
 
-    def output(self, argv: Sequence[str], show_errors: bool = True) -> str | None:
-        """stdout of a query command (None when it fails, or in a dry run)."""
-        self._echo(argv)
+    def run_retried(self, argv: Sequence[str], what: str, any_failure: bool = False) -> int:
+        """Runs ARGV up to SSH_TRIES times while it fails as ssh fails (exit 255), or in any
+        way with ANY_FAILURE (steps that are safe to repeat, like copying a file)."""
+        for attempt in range(1, SSH_TRIES + 1):
+            status = self.run(argv)
+            if status == 0 or attempt == SSH_TRIES or not (any_failure or status == SSH_FAILED):
+                return status
+            self.note(f"{what} failed (exit {status}); trying again ({attempt + 1} of "
+                      f"{SSH_TRIES}) in {self.pause_seconds:g} s")
+            time.sleep(self.pause_seconds)
+        return status
+
+    def output(self, argv: Sequence[str], show_errors: bool = True,
+               timeout: float | None = None, strip: bool = True,
+               echo: bool = True) -> str | None:
+        """stdout of a query command (None when it fails or times out, or in a dry run).
+
+        ECHO=False keeps a real run's log free of commands repeated every poll."""
+        if echo or self.dry_run:
+            self._echo(argv)
         if self.dry_run:
             return None
-        result = subprocess.run(list(argv), check=False, capture_output=True, text=True)
+        try:
+            result = subprocess.run(list(argv), check=False, capture_output=True, text=True,
+                                    timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if show_errors:
+                print(f"(no answer in {timeout:g} s)", file=sys.stderr)
+            return None
         if result.returncode != 0:
             if show_errors:
                 print(result.stderr, file=sys.stderr, end="")
             return None
-        return result.stdout.strip()
+        return result.stdout.strip() if strip else result.stdout
 
 
 def resolve_project(project: str | None, runner: Runner) -> str:

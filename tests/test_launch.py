@@ -1,15 +1,18 @@
 """The TPU VM and Cloud Batch launchers: the commands they print or run, and their errors.
 
 Dry runs are parsed as the shell would parse them (shlex), so a quoting slip shows up as a
-wrong argv. Real runs go against a fake `gcloud` on PATH that records its argv and plays a
-preemption, which checks the retry loop without any network.
+wrong argv. Real runs go against a fake `gcloud` on PATH (tests/fake_gcloud.py) that runs the
+launcher's remote commands in per-worker directories on this machine and plays a dropped
+connection, a preemption and a failing worker, so the detached run, the polling and the retry
+logic are checked without any network.
 """
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
-import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +20,11 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 TPU = "tpu_vm.py"
 BATCH = "gcp_batch.py"
-TRICKY = ["--config.optimizer.learning_rate=2e-4", "--config.run_name=two words",
-          "--config.note=it's \"quoted\"", "--config.pattern=*;$HOME && `id`"]
+SHARDS = "--config.data.shard_dir=gs://b/corpus"
+# Existing keys whose values a shell would mangle if the launchers quoted them wrongly.
+TRICKY = ["--config.optimizer.learning_rate=2e-4", "--config.data.shard_dir=gs://b/two words",
+          "--config.data.eval_shard_dir=gs://b/it's \"quoted\"",
+          "--config.init_checkpoint=*;$HOME && `id`"]
 MAIN = ["python", "-m", "bertjax.main", "--config=configs/base.py", "--workdir=gs://b/run"]
 TPU_ARGS = ["--project=proj", "--zone=us-central2-b", "--accelerator_type=v4-32",
             "--config=configs/base.py", "--workdir=gs://b/run", "--name=bert1"]
@@ -59,20 +65,31 @@ def after_last_and(shell_line):
     return tokens[len(tokens) - tokens[::-1].index("&&"):]
 
 
-def test_tpu_dry_run_creates_installs_runs_on_all_workers_then_deletes():
+def started_argv(start_line):
+    """The bertjax.main argv inside the TPU start command (a script run by `bash -c`)."""
+    tokens = shlex.split(start_line)
+    script = tokens[tokens.index("-c") + 1]
+    run = script.split("( cd ", 1)[1].split(" ) > ", 1)[0]
+    return after_last_and(run)[1:]  # after `exec`
+
+
+def tpu_steps(cmds):
+    return [c[:5] if c[0] == "gcloud" else c[:1] + c[3:4] for c in cmds]
+
+
+def test_tpu_dry_run_creates_installs_starts_detached_polls_then_deletes():
     cmds = commands(dry_run(TPU, *TPU_ARGS, "--spot", "--retries=2", "--",
-                            "--config.optimizer.learning_rate=2e-4"))
-    steps = [c[:5] if c[0] == "gcloud" else c[:1] + c[3:4] for c in cmds]
-    assert steps == [
+                            "--config.optimizer.learning_rate=2e-4", SHARDS))
+    ssh = ["gcloud", "compute", "tpus", "tpu-vm", "ssh"]
+    assert tpu_steps(cmds) == [
         ["git", "archive"],
         ["gcloud", "compute", "tpus", "tpu-vm", "describe"],
         ["gcloud", "compute", "tpus", "tpu-vm", "create"],
         ["gcloud", "compute", "tpus", "tpu-vm", "scp"],
-        ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],
-        ["gcloud", "compute", "tpus", "tpu-vm", "ssh"],
+        ssh, ssh, ssh, ssh,
         ["gcloud", "compute", "tpus", "tpu-vm", "delete"],
     ]
-    archive, absent, create, scp, setup, run, delete = cmds
+    archive, absent, create, scp, setup, start, status, log, delete = cmds
     assert absent[5] == "bert1"
     tarball = flag(archive, "--output")
     assert archive[-1] == "HEAD" and "--prefix=bertjax/" in archive
@@ -81,31 +98,38 @@ def test_tpu_dry_run_creates_installs_runs_on_all_workers_then_deletes():
     assert flag(create, "--accelerator-type") == "v4-32"
     assert flag(create, "--version") == "tpu-ubuntu2204-base"
     assert scp[5:7] == [tarball, "bert1:bertjax-src.tar.gz"]
-    for cmd in (scp, setup, run):
+    for cmd in (scp, setup, start, status):
         assert flag(cmd, "--worker") == "all" and flag(cmd, "--zone") == "us-central2-b"
+        # A slice recreated under the same name has new host keys.
+        assert flag(cmd, "--strict-host-key-checking") == "no"
+    assert flag(log, "--worker") == "0"
     setup_line = flag(setup, "--command")
     assert "tar -xzf $HOME/bertjax-src.tar.gz" in setup_line
     assert "-c $HOME/bertjax/requirements/constraints.txt -e $HOME/bertjax" in setup_line
     assert "jax[tpu]" in shlex.split(setup_line)
-    assert after_last_and(flag(run, "--command")) == [
-        *MAIN, "--config.optimizer.learning_rate=2e-4"]
+    start_line = flag(start, "--command")
+    assert "setsid nohup bash -c" in start_line and "worker.log" in start_line
+    assert started_argv(start_line) == [*MAIN, "--config.optimizer.learning_rate=2e-4", SHARDS]
     assert "--quiet" in delete and delete[5] == "bert1"
 
 
 def test_overrides_reach_bertjax_main_exactly_despite_spaces_and_quotes():
-    run = commands(dry_run(TPU, *TPU_ARGS, "--env=XLA_FLAGS=--xla_a=1 --xla_b", "--", *TRICKY))[-2]
-    remote = flag(run, "--command")
-    assert after_last_and(remote) == [*MAIN, *TRICKY]
-    tokens = shlex.split(remote)
-    assert tokens[:3] == ["cd", "$HOME/bertjax", "&&"]
-    assert ["export", "XLA_FLAGS=--xla_a=1 --xla_b"] == tokens[tokens.index("export"):][:2]
+    start = commands(dry_run(TPU, *TPU_ARGS, "--env=XLA_FLAGS=--xla_a=1 --xla_b", "--",
+                             *TRICKY))[5]
+    start_line = flag(start, "--command")
+    assert started_argv(start_line) == [*MAIN, *TRICKY]
+    script = shlex.split(start_line)[shlex.split(start_line).index("-c") + 1]
+    run = shlex.split(script.split("( cd ", 1)[1].split(" ) > ", 1)[0])
+    assert run[:2] == ["$HOME/bertjax", "&&"]
+    assert ["export", "XLA_FLAGS=--xla_a=1 --xla_b"] == run[run.index("export"):][:2]
 
 
 def test_queued_resource_waits_for_capacity_and_is_force_deleted():
     cmds = commands(dry_run(TPU, *TPU_ARGS[:2], "--accelerator_type=v5litepod-16", *TPU_ARGS[3:],
                             "--queued_resource", "--spot", "--source=git",
-                            "--git_url=https://example.com/bertjax.git", "--ref=v1.0"))
-    absent, create, describe, setup, run, delete = cmds
+                            "--git_url=https://example.com/bertjax.git", "--ref=v1.0",
+                            "--", SHARDS))
+    absent, create, describe, setup, start, status, log, delete = cmds
     assert absent[3:6] == ["queued-resources", "describe", "bert1"]
     assert create[3:6] == ["queued-resources", "create", "bert1"]
     assert flag(create, "--runtime-version") == "v2-alpha-tpuv5-lite"
@@ -117,23 +141,36 @@ def test_queued_resource_waits_for_capacity_and_is_force_deleted():
     setup_tokens = shlex.split(flag(setup, "--command"))
     assert "https://example.com/bertjax.git" in setup_tokens
     assert "checkout" in setup_tokens and "v1.0" in setup_tokens
-    assert after_last_and(flag(run, "--command")) == MAIN
+    assert started_argv(flag(start, "--command")) == [*MAIN, SHARDS]
     assert delete[3:6] == ["queued-resources", "delete", "bert1"] and "--force" in delete
 
 
+def test_reservation_network_service_account_and_internal_ip_reach_gcloud():
+    cmds = commands(dry_run(TPU, *TPU_ARGS, "--reserved", "--network=vpc1", "--subnetwork=sub1",
+                            "--service_account=sa@proj.iam.gserviceaccount.com", "--internal_ip",
+                            "--", SHARDS))
+    create = cmds[2]
+    assert "--reserved" in create and "--internal-ips" in create
+    assert flag(create, "--network") == "vpc1" and flag(create, "--subnetwork") == "sub1"
+    assert flag(create, "--service-account") == "sa@proj.iam.gserviceaccount.com"
+    for cmd in cmds[3:8]:  # scp and every ssh reach the workers by their internal IPs
+        assert "--internal-ip" in cmd, cmd
+
+
 def test_keep_leaves_the_tpu_and_preemptible_is_passed():
-    out = dry_run(TPU, *TPU_ARGS, "--preemptible", "--keep")
+    out = dry_run(TPU, *TPU_ARGS, "--preemptible", "--keep", "--", SHARDS)
     cmds = commands(out)
     assert cmds[2][4] == "create" and "--preemptible" in cmds[2] and "--spot" not in cmds[2]
     assert not any("delete" in c for c in cmds)
     assert "bert1 is left running" in out
 
 
-def test_dry_run_says_what_a_retry_repeats():
-    out = dry_run(TPU, *TPU_ARGS, "--spot", "--retries=4")
+def test_dry_run_says_what_a_retry_repeats_and_where_the_logs_go():
+    out = dry_run(TPU, *TPU_ARGS, "--spot", "--retries=4", "--", SHARDS)
     notes = "\n".join(line for line in out.splitlines() if line.startswith("#"))
     assert "--retries=4" in notes and "PREEMPTED" in notes
     assert "gcloud compute tpus tpu-vm describe bert1" in notes and "same --workdir" in notes
+    assert "gs://b/run/logs/bert1-0/worker-N.log" in notes
 
 
 def batch_config(stdout):
@@ -156,7 +193,7 @@ def distributed_env(exports, hostname, index):
 
 def test_batch_job_json_runs_one_jax_process_per_gpu_vm():
     out = dry_run(BATCH, *BATCH_ARGS, "--num_nodes=4", "--spot", "--zones=us-central1-a",
-                  "--", *TRICKY)
+                  "--max_run_duration=36h", "--", *TRICKY)
     cmds = commands(out)
     assert [c[:3] for c in cmds[:2]] == [["git", "-C", str(REPO)], ["gcloud", "storage", "cp"]]
     assert cmds[1][4] == "gs://b/bertjax-launch/job1/bertjax-src.tar.gz"
@@ -172,27 +209,57 @@ def test_batch_job_json_runs_one_jax_process_per_gpu_vm():
     assert instance["policy"]["accelerators"] == [{"type": "nvidia-h100-80gb", "count": 8}]
     assert instance["policy"]["provisioningModel"] == "SPOT"
     assert config["allocationPolicy"]["location"] == {"allowedLocations": ["zones/us-central1-a"]}
+    assert config["allocationPolicy"]["placement"] == {"collocation": "COLLOCATED"}
     spec = group["taskSpec"]
     assert spec["environment"]["variables"]["BERTJAX_NUM_PROCESSES"] == "4"
+    assert spec["maxRunDuration"] == f"{36 * 3600}s" and spec["maxRetryCount"] == 0
     assert spec["volumes"] == [{"gcs": {"remotePath": "b/bertjax-launch/job1"},
                                 "mountPath": "/mnt/disks/bertjax-src"}]
-    script = spec["runnables"][-1]["script"]["text"].splitlines()
-    assert script[0] == "#!/bin/bash"
-    assert "tar -xzf /mnt/disks/bertjax-src/bertjax-src.tar.gz -C /opt" in script[3]
-    assert "jax[cuda12]" in shlex.split(script[3])
+    # Install, then wait for every task, then start JAX: jax.distributed.initialize would
+    # give up on a task still installing.
+    firewall, install, barrier, run = spec["runnables"]
+    assert "iptables" in firewall["script"]["text"]
+    install = install["script"]["text"].splitlines()
+    assert install[0] == "#!/bin/bash"
+    assert "tar -xzf /mnt/disks/bertjax-src/bertjax-src.tar.gz -C /opt" in install[3]
+    assert "jax[cuda12]" in shlex.split(install[3])
+    assert barrier == {"displayName": "all-installed", "barrier": {"name": "installed"}}
+    script = run["script"]["text"].splitlines()
     exports = [line for line in script if line.startswith("export BERTJAX_")]
     assert distributed_env(exports, "job1-group0-0", 3) == ["job1-group0-0:8476", "3"]
     assert after_last_and(script[-1]) == [*MAIN, *TRICKY]
+
+
+def test_batch_network_service_account_and_reservation_reach_the_job():
+    out = dry_run(BATCH, *BATCH_ARGS, "--network=projects/proj/global/networks/vpc1",
+                  "--subnetwork=projects/proj/regions/us-central1/subnetworks/sub1",
+                  "--internal_ip", "--service_account=sa@proj.iam.gserviceaccount.com",
+                  "--reservation=gpu-res", "--", SHARDS)
+    _, config = batch_config(out)
+    allocation = config["allocationPolicy"]
+    assert allocation["network"] == {"networkInterfaces": [{
+        "network": "projects/proj/global/networks/vpc1",
+        "subnetwork": "projects/proj/regions/us-central1/subnetworks/sub1",
+        "noExternalIpAddress": True}]}
+    assert allocation["serviceAccount"] == {"email": "sa@proj.iam.gserviceaccount.com"}
+    assert allocation["instances"][0]["policy"]["reservation"] == "gpu-res"
+    # One VM: nothing to wait for, nowhere to be placed near.
+    assert "placement" not in allocation
+    assert [r["displayName"] for r in config["taskGroups"][0]["taskSpec"]["runnables"]] == [
+        "install", "bertjax"]
 
 
 def test_batch_container_image_path_and_gpu_flags():
     out = dry_run(BATCH, *BATCH_ARGS, "--image=us-docker.pkg.dev/p/r/bertjax:1",
                   "--machine_type=g2-standard-96", "--accelerator_type=nvidia-l4",
                   "--accelerator_count=8", "--coordinator_port=1234", "--",
-                  "--config.optimizer.learning_rate=2e-4")
+                  "--config.optimizer.learning_rate=2e-4", SHARDS)
     cmds = commands(out)
     assert [c[:4] for c in cmds] == [["gcloud", "batch", "jobs", "submit"],
-                                     ["gcloud", "batch", "jobs", "describe"]]
+                                     ["gcloud", "batch", "jobs", "describe"],
+                                     ["gcloud", "batch", "jobs", "describe"],
+                                     ["gcloud", "logging", "read", cmds[3][3]]]
+    assert 'labels.job_uid="UID"' in cmds[3][3] and "logs/batch_task_logs" in cmds[3][3]
     _, config = batch_config(out)
     policy = config["allocationPolicy"]["instances"][0]["policy"]
     assert policy["machineType"] == "g2-standard-96"
@@ -208,7 +275,7 @@ def test_batch_container_image_path_and_gpu_flags():
     line = container["commands"][1]
     exports = [part for part in line.split(" && ") if part.startswith("export BERTJAX_")]
     assert distributed_env(exports, "host-a", 0) == ["host-a:1234", "0"]
-    assert after_last_and(line) == [*MAIN, "--config.optimizer.learning_rate=2e-4"]
+    assert after_last_and(line) == [*MAIN, "--config.optimizer.learning_rate=2e-4", SHARDS]
 
 
 @pytest.mark.parametrize("script, drop, extra, expected", [
@@ -222,6 +289,11 @@ def test_batch_container_image_path_and_gpu_flags():
     (TPU, "--name", ["--name=Bad_Name"], "--name='Bad_Name' is not a valid resource name"),
     (TPU, None, ["--", "--workdir=gs://other/run"], "pass --config and --workdir to the launcher"),
     (TPU, None, ["--source=git"], "missing --git_url"),
+    # The config and its overrides, checked by bertjax.main's parser before any TPU exists.
+    (TPU, None, ["--", "--config.run_name=x", SHARDS], "has no key 'run_name'"),
+    (TPU, None, ["--", "--config.train.num_steps=many", SHARDS], "num_steps=many"),
+    (TPU, None, ["--"], "config.data.shard_dir is empty"),
+    (TPU, "--config", ["--config=configs/nope.py"], "configs/nope.py"),
     (BATCH, "--project", [], "missing --project"),
     (BATCH, "--region", [], "missing --region"),
     (BATCH, "--workdir", [], "missing --workdir: pass --workdir=gs://BUCKET/PATH"),
@@ -229,11 +301,16 @@ def test_batch_container_image_path_and_gpu_flags():
     (BATCH, "--workdir", ["--workdir=runs/1"], "is not a gs:// path"),
     (BATCH, None, ["--machine_type=n1-standard-8"], "missing --accelerator_type or"),
     (BATCH, None, ["--env=BERTJAX_PROCESS_ID=3"], "the launcher sets it for each task"),
+    (BATCH, None, ["--max_run_duration=forever"], "--max_run_duration=forever"),
+    (BATCH, None, ["--", "--config.optimizer.lr=1e-3", SHARDS], "optimizer has no key 'lr'"),
+    (BATCH, "--config", ["--config=configs/finetune/classify.py", "--"],
+     "config.init_checkpoint is empty"),
 ])
 def test_bad_input_fails_with_one_clear_line_and_runs_nothing(script, drop, extra, expected):
     base = TPU_ARGS if script == TPU else BATCH_ARGS
     args = [a for a in base if drop is None or not a.startswith(f"{drop}=")]
-    result = launch(script, "--dry_run", *args, *extra)
+    overrides = [] if "--" in extra else ["--", SHARDS]
+    result = launch(script, "--dry_run", *args, *extra, *overrides)
     assert result.returncode != 0
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
@@ -242,49 +319,16 @@ def test_bad_input_fails_with_one_clear_line_and_runs_nothing(script, drop, extr
 
 def test_local_workdir_is_accepted_only_when_asked():
     args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
-    run = commands(dry_run(TPU, *args, "--workdir=/tmp/run", "--allow_local_workdir"))[-2]
-    assert after_last_and(flag(run, "--command"))[4] == "--workdir=/tmp/run"
+    start = commands(dry_run(TPU, *args, "--workdir=/tmp/run", "--allow_local_workdir",
+                             "--", SHARDS))[5]
+    assert started_argv(flag(start, "--command"))[4] == "--workdir=/tmp/run"
 
 
-FAKE_GCLOUD = """\
-#!{python}
-'''Stands in for gcloud: logs argv, plays one preemption, answers state queries.'''
-import json, os, sys
-from pathlib import Path
-argv = sys.argv[1:]
-here = Path(os.environ["FAKE_GCLOUD_DIR"])
-with open(here / "calls.jsonl", "a") as log:
-    log.write(json.dumps(argv) + "\\n")
-state = here / "state"
-scenario = os.environ["FAKE_GCLOUD_SCENARIO"]
-if argv[:3] == ["config", "get-value", "project"]:
-    print("proj-from-config")
-elif argv[:3] == ["compute", "tpus", "tpu-vm"] and argv[3] == "ssh" and any(
-        "bertjax.main" in a for a in argv):
-    runs = here / "runs"
-    runs.write_text(str(int(runs.read_text()) + 1) if runs.exists() else "1")
-    if runs.read_text() == "1" and scenario != "ok":
-        state.write_text("PREEMPTED" if scenario == "preempt" else "READY")
-        sys.exit(255)
-elif argv[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
-    import tarfile
-    with tarfile.open(argv[4]) as shipped:
-        (here / "shipped.txt").write_text("\\n".join(shipped.getnames()))
-elif argv[:4] == ["compute", "tpus", "tpu-vm", "describe"]:
-    if not state.exists():
-        sys.exit("ERROR: NOT_FOUND")
-    print(state.read_text())
-elif argv[:3] == ["batch", "jobs", "describe"]:
-    print("SUCCEEDED" if argv[3].endswith("-r1") else "FAILED")
-elif argv[:3] == ["batch", "tasks", "list"]:
-    print(json.dumps([{{"status": {{"statusEvents": [
-        {{"taskExecution": {{"exitCode": 50001 if scenario == "preempt" else 1}}}}]}}}}]))
-"""
-
+# --- Real runs against tests/fake_gcloud.py ----------------------------------------------
 
 def fake_gcloud_env(tmp_path, scenario):
     fake = tmp_path / "gcloud"
-    fake.write_text(textwrap.dedent(FAKE_GCLOUD).format(python=sys.executable))
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "fake_gcloud.py"} "$@"\n')
     fake.chmod(0o755)
     return {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
             "FAKE_GCLOUD_DIR": str(tmp_path), "FAKE_GCLOUD_SCENARIO": scenario}
@@ -295,61 +339,151 @@ def gcloud_calls(tmp_path):
     return [c[:5] if c[3:4] == ["ssh"] else c[:4] for c in calls], calls
 
 
-TPU_GIT = [*TPU_ARGS[1:], "--source=git", "--git_url=https://example.com/bertjax.git", "--spot"]
+def verbs(tmp_path):
+    """The TPU verbs called, in order: create, scp, ssh:install, ssh:start, poll, ..."""
+    _, calls = gcloud_calls(tmp_path)
+    named = []
+    for call in calls:
+        if call[3:4] != ["ssh"]:
+            named.append(call[3] if call[:2] == ["compute", "tpus"] else " ".join(call[:3]))
+            continue
+        command = flag(call, "--command")
+        named.append("ssh:install" if "uv pip install" in command else
+                     "ssh:start" if "setsid" in command else
+                     "ssh:stop" if "kill -TERM" in command else "poll")
+    return named
+
+
+def tpu_run(tmp_path, scenario, *extra):
+    """A real launch on a two-worker fake slice with a local workdir; returns the result and
+    the workdir."""
+    workdir = tmp_path / "run"
+    args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
+    env = fake_gcloud_env(tmp_path, scenario)
+    result = launch(TPU, *args, f"--workdir={workdir}", "--allow_local_workdir",
+                    "--source=git", "--git_url=https://example.com/bertjax.git",
+                    "--poll_seconds=0.2", *extra, "--", *TRICKY, env=env)
+    return result, workdir
+
+
+def test_tpu_run_is_detached_polled_streamed_and_logged_to_the_workdir(tmp_path):
+    result, workdir = tpu_run(tmp_path, "ok")
+    assert result.returncode == 0, result.stderr
+    names = verbs(tmp_path)
+    assert names[:5] == ["describe", "create", "ssh:install", "ssh:start", "describe"]
+    assert names[5:] and set(names[5:-1]) == {"poll"} and names[-1] == "delete"
+    # Worker 0's log lines were streamed, each once, in order.
+    assert result.stdout.count("worker 0: step 1") == 1
+    assert result.stdout.index("worker 0: step 1") < result.stdout.index("worker 0: step 2, done")
+    # Each worker copied its own log into the workdir.
+    for worker in (0, 1):
+        log = (workdir / "logs" / "bert1-0" / f"worker-{worker}.log").read_text()
+        assert f"worker {worker}: step 2, done" in log
+
+
+def test_a_dropped_connection_changes_nothing_on_the_workers(tmp_path):
+    # The start command runs, but its connection drops before the exit code arrives; so do
+    # the next two polls. The launcher repeats the start (a no-op now) and keeps polling.
+    result, workdir = tpu_run(tmp_path, "dropped", "--retries=3")
+    assert result.returncode == 0, result.stderr
+    names = verbs(tmp_path)
+    assert names.count("create") == 1 and names.count("ssh:start") == 2
+    assert "delete" not in names[:-1]
+    for worker in (0, 1):
+        starts = (tmp_path / f"trainer-starts-{worker}").read_text()
+        assert starts.splitlines() == ["started"]
+        assert (tmp_path / f"trainer-argv-{worker}").read_text().split("\0")[:-1] == [
+            "-m", "bertjax.main", "--config=configs/base.py", f"--workdir={workdir}", *TRICKY]
+    assert "the run goes on there" in result.stderr
 
 
 def test_preempted_tpu_run_is_recreated_and_rerun_on_the_same_workdir(tmp_path):
-    result = launch(TPU, *TPU_GIT, "--retries=2", "--", *TRICKY,
-                    env=fake_gcloud_env(tmp_path, "preempt"))
+    result, workdir = tpu_run(tmp_path, "preempt", "--spot", "--retries=2")
     assert result.returncode == 0, result.stderr
-    steps, calls = gcloud_calls(tmp_path)
-    tpu = ["compute", "tpus", "tpu-vm"]
-    attempt = [tpu + ["create"], tpu + ["ssh", "bert1"], tpu + ["ssh", "bert1"]]
-    assert steps == [["config", "get-value", "project"], tpu + ["describe"], *attempt,
-                     tpu + ["describe"],
-                     tpu + ["delete"], *attempt, tpu + ["delete"]]
-    runs = [c for c in calls if any("bertjax.main" in a for a in c)]
-    assert len(runs) == 2 and runs[0] == runs[1]
-    assert after_last_and(flag(runs[1], "--command")) == [*MAIN, *TRICKY]
-    assert all(flag(c, "--project") == "proj-from-config" for c in calls[1:])
+    names = verbs(tmp_path)
+    attempt = ["create", "ssh:install", "ssh:start"]
+    first = names.index("delete")
+    assert names[1:4] == attempt and names[first + 1:first + 4] == attempt
+    assert names.count("create") == 2 and names[-1] == "delete"
     assert "retry 1 of 2" in result.stderr
+    # The second slice ran to the end, logging to the second attempt's folder.
+    assert "step 2, done" in (workdir / "logs" / "bert1-1" / "worker-1.log").read_text()
 
 
-def test_crashed_tpu_run_is_not_retried_and_the_tpu_is_deleted(tmp_path):
-    result = launch(TPU, *TPU_GIT, "--retries=2", env=fake_gcloud_env(tmp_path, "crash"))
-    assert result.returncode == 255
-    steps, _ = gcloud_calls(tmp_path)
-    assert [s[3] for s in steps[1:]] == ["describe", "create", "ssh", "ssh", "describe", "delete"]
+def test_a_failing_worker_stops_the_others_and_is_not_retried(tmp_path):
+    result, workdir = tpu_run(tmp_path, "fail", "--spot", "--retries=2")
+    assert result.returncode == 3, result.stderr
+    names = verbs(tmp_path)
+    assert names.count("create") == 1 and "ssh:stop" in names and names[-1] == "delete"
+    # The failed worker's last lines are shown; the waiting one was told to checkpoint.
+    assert "ValueError: worker 1 read a bad shard" in result.stderr
+    log0 = (workdir / "logs" / "bert1-0" / "worker-0.log").read_text()
+    assert "SIGTERM: checkpoint saved" in log0
+
+
+def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
+    workdir = tmp_path / "run"
+    args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
+    env = {**fake_gcloud_env(tmp_path, "ok"), "FAKE_TRAINER_HOLD": "1"}
+    launcher = subprocess.Popen(
+        [sys.executable, str(REPO / "launch" / TPU), *args, f"--workdir={workdir}",
+         "--allow_local_workdir", "--source=git", "--git_url=https://example.com/bertjax.git",
+         "--poll_seconds=0.2", "--", SHARDS], cwd=REPO, env=env, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # Ctrl-C once the run is going on both workers (the fake starts them one after the other).
+    started = [tmp_path / f"trainer-starts-{worker}" for worker in (0, 1)]
+    for _ in range(600):
+        if all(s.exists() for s in started) or launcher.poll() is not None:
+            break
+        time.sleep(0.05)
+    launcher.send_signal(signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 130, stderr
+    assert "stopped watching; the run goes on on bert1" in stderr
+    assert "delete" not in verbs(tmp_path)
+
+    (tmp_path / "release").touch()  # the training goes on to its end
+    attached = launch(TPU, "--attach", "--name=bert1", "--zone=us-central2-b", "--project=proj",
+                      "--poll_seconds=0.2", env=env)
+    assert attached.returncode == 0, attached.stderr
+    assert "worker 0: step 2, done" in attached.stdout
+    assert verbs(tmp_path)[-1] == "delete" and verbs(tmp_path).count("ssh:start") == 1
+    assert "step 2, done" in (workdir / "logs" / "bert1-0" / "worker-1.log").read_text()
 
 
 def test_a_tpu_name_in_use_is_refused_and_left_alone(tmp_path):
-    env = fake_gcloud_env(tmp_path, "crash")
+    env = fake_gcloud_env(tmp_path, "ok")
     (tmp_path / "state").write_text("READY")
-    result = launch(TPU, *TPU_GIT, env=env)
+    result = launch(TPU, *TPU_ARGS, "--", SHARDS, env=env)
     assert result.returncode == 2
     assert "tpu-vm bert1 already exists" in result.stderr.splitlines()[-1]
-    steps, _ = gcloud_calls(tmp_path)
-    assert [s[3] for s in steps[1:]] == ["describe"]
+    assert verbs(tmp_path) == ["describe"]
 
 
 def test_local_source_ships_the_committed_tree_to_every_worker(tmp_path):
-    # Any committed file will do as --config: bertjax.main itself never runs here.
-    args = [a for a in TPU_ARGS if not a.startswith("--config=")]
-    result = launch(TPU, *args, "--config=setup.cfg", env=fake_gcloud_env(tmp_path, "ok"))
+    result = launch(TPU, *TPU_ARGS, "--poll_seconds=0.2", "--", SHARDS,
+                    env=fake_gcloud_env(tmp_path, "ok"))
     assert result.returncode == 0, result.stderr
-    steps, calls = gcloud_calls(tmp_path)
-    assert [s[3] for s in steps] == ["describe", "create", "scp", "ssh", "ssh", "delete"]
-    assert flag(calls[2], "--worker") == "all"
+    _, calls = gcloud_calls(tmp_path)
+    (scp,) = [c for c in calls if c[3:4] == ["scp"]]
+    assert flag(scp, "--worker") == "all"
     shipped = (tmp_path / "shipped.txt").read_text().splitlines()
-    assert {"bertjax/setup.cfg", "bertjax/requirements/constraints.txt",
+    assert {"bertjax/configs/base.py", "bertjax/requirements/constraints.txt",
             "bertjax/bertjax/__init__.py"} <= set(shipped)
 
 
 def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path):
-    args = [a for a in TPU_ARGS if not a.startswith("--config=")]
-    result = launch(TPU, *args, "--config=configs/no_such.py", env=fake_gcloud_env(tmp_path, "ok"))
+    # Present here (so it parses), absent from the commit the workers would get.
+    config = REPO / "configs" / "uncommitted_test_config.py"
+    config.write_text((REPO / "configs" / "tiny.py").read_text())
+    try:
+        args = [a for a in TPU_ARGS if not a.startswith("--config=")]
+        result = launch(TPU, *args, f"--config={config.relative_to(REPO)}", "--", SHARDS,
+                        env=fake_gcloud_env(tmp_path, "ok"))
+    finally:
+        config.unlink()
     assert result.returncode == 2
-    assert "--config=configs/no_such.py is not in HEAD" in result.stderr
+    assert "--config=configs/uncommitted_test_config.py is not in HEAD" in result.stderr
     assert not (tmp_path / "calls.jsonl").exists()
 
 
@@ -359,10 +493,12 @@ def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path)
 ])
 def test_batch_job_is_resubmitted_only_after_preemption(tmp_path, scenario, submitted,
                                                         returncode):
-    result = launch(BATCH, *BATCH_ARGS, "--image=img", "--retries=1",
-                    env=fake_gcloud_env(tmp_path, scenario))
+    result = launch(BATCH, *BATCH_ARGS, "--image=img", "--retries=1", "--poll_seconds=0.2",
+                    "--", SHARDS, env=fake_gcloud_env(tmp_path, scenario))
     assert result.returncode == returncode, result.stderr
     _, calls = gcloud_calls(tmp_path)
     submits = [c for c in calls if c[:3] == ["batch", "jobs", "submit"]]
     assert [c[3] for c in submits] == submitted
     assert len({flag(c, "--config") for c in submits}) == 1
+    # The tasks' log lines are streamed from Cloud Logging, once each.
+    assert result.stdout.splitlines() == [f"step 1 of uid-{name}" for name in submitted]
