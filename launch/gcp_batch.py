@@ -263,7 +263,8 @@ class BatchJob:
         listing = self.runner.output(self.tasks_query(name))
         if not listing:
             return False
-        return any(event.get("taskExecution", {}).get("exitCode") == PREEMPTED_EXIT_CODE
+        resumable = (PREEMPTED_EXIT_CODE, launchlib.RUN_STOPPED_TO_RESUME)
+        return any(event.get("taskExecution", {}).get("exitCode") in resumable
                    for task in json.loads(listing)
                    for event in task.get("status", {}).get("statusEvents", []))
 

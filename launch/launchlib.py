@@ -29,6 +29,9 @@ ARCHIVE_NAME = "bertjax-src.tar.gz"
 # ssh/scp through gcloud exit with ssh's own 255 when the connection fails (or drops):
 # that says nothing about the remote command, so such a step is tried again.
 SSH_FAILED = 255
+# bertjax.main's exit status when a signal (a TPU maintenance event, a scheduler's SIGTERM)
+# stopped it after saving a checkpoint: rerunning the same command resumes (bertjax/cli.py).
+RUN_STOPPED_TO_RESUME = 75
 SSH_TRIES = 4
 # Values a run cannot start without, by config.mode: bertjax.main would find them missing only
 # on the workers, after the machines were created and set up.

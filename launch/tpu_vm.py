@@ -266,6 +266,9 @@ def watch(tpu: TpuSlice, workers: int | None) -> int:
                         f"asking again in {FLAGS.poll_seconds:g} s")
         else:
             failed = {w: int(c) for w, c in codes.items() if c != "running" and c != "0"}
+            if failed and set(failed.values()) == {launchlib.RUN_STOPPED_TO_RESUME} and all(
+                    c != "running" for c in codes.values()):
+                return launchlib.RUN_STOPPED_TO_RESUME  # saved after a signal: resume it
             if failed:
                 if tpu.preempted():
                     raise Preempted()
@@ -368,9 +371,12 @@ def launch(overrides: list[str]) -> int:
                 runner.note(f"each worker's log is copied to {log_dir}/worker-N.log")
                 _note_retry(tpu)
                 break
-            if status == 0 or tries == FLAGS.retries or not tpu.preempted():
+            if status == 0 or tries == FLAGS.retries or (
+                    status != launchlib.RUN_STOPPED_TO_RESUME and not tpu.preempted()):
                 break
-            runner.note(f"{name} was preempted: retry {tries + 1} of {FLAGS.retries} with a new "
+            why = ("stopped after saving" if status == launchlib.RUN_STOPPED_TO_RESUME
+                   else "was preempted")
+            runner.note(f"{name} {why}: retry {tries + 1} of {FLAGS.retries} with a new "
                         f"slice; training resumes from the checkpoints in {FLAGS.workdir}")
             tpu.delete()
     except KeyboardInterrupt:

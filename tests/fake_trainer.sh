@@ -3,8 +3,14 @@
 # Kept outside the worker's $HOME, which a deleted slice takes with it.
 printf '%s\0' "$@" > "$FAKE_GCLOUD_DIR/trainer-argv-$FAKE_WORKER_ID"
 echo started >> "$FAKE_GCLOUD_DIR/trainer-starts-$FAKE_WORKER_ID"
-trap 'kill $! 2>/dev/null; echo "SIGTERM: checkpoint saved"; exit 143' TERM
+# bertjax.main saves on SIGTERM and exits 75: run the same command again to resume.
+trap 'kill $! 2>/dev/null; echo "SIGTERM: checkpoint saved"; exit 75' TERM
 echo "worker $FAKE_WORKER_ID: step 1"
+if [ "$FAKE_GCLOUD_SCENARIO" = maintenance ] && \
+        [ "$(wc -l < "$FAKE_GCLOUD_DIR/trainer-starts-$FAKE_WORKER_ID")" = 1 ]; then
+    echo "stopped by a signal: saved step 1"  # a maintenance event's SIGTERM, on every worker
+    exit 75
+fi
 if [ "$FAKE_GCLOUD_SCENARIO" = fail ]; then
     if [ "$FAKE_WORKER_ID" = 1 ]; then
         echo "ValueError: worker 1 read a bad shard"

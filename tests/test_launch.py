@@ -410,6 +410,18 @@ def test_preempted_tpu_run_is_recreated_and_rerun_on_the_same_workdir(tmp_path):
     assert "step 2, done" in (workdir / "logs" / "bert1-1" / "worker-1.log").read_text()
 
 
+def test_a_run_stopped_after_saving_is_rerun_to_resume(tmp_path):
+    """Every worker exits 75, bertjax.main's "saved after a signal": run it again."""
+    from bertjax import cli
+    sys.path.insert(0, str(REPO / "launch"))
+    import launchlib
+    assert launchlib.RUN_STOPPED_TO_RESUME == cli.PREEMPTED
+    result, workdir = tpu_run(tmp_path, "maintenance", "--retries=1")
+    assert result.returncode == 0, result.stderr
+    assert "stopped after saving: retry 1 of 1" in result.stderr
+    assert "step 2, done" in (workdir / "logs" / "bert1-1" / "worker-0.log").read_text()
+
+
 def test_a_failing_worker_stops_the_others_and_is_not_retried(tmp_path):
     result, workdir = tpu_run(tmp_path, "fail", "--spot", "--retries=2")
     assert result.returncode == 3, result.stderr
