@@ -60,13 +60,12 @@ class Recipe:
         if self.mask_prob + self.random_prob > 1.0:
             raise ValueError(f"mask_prob={self.mask_prob} + random_prob={self.random_prob} > 1: "
                              "the rest is the share kept unchanged, so it cannot be negative")
-        needed = int(round(self.mask_rate * self.max_num_tokens))
+        needed = int(round(self.mask_rate * length))
         if preds < needed:
             raise ValueError(
                 f"max_predictions_per_seq={preds} is too small for max_seq_length={length} at "
-                f"mask_rate={self.mask_rate}: a full sequence has {self.max_num_tokens} text "
-                f"tokens, round({self.mask_rate} * {self.max_num_tokens}) = {needed} to predict; "
-                f"set max_predictions_per_seq >= {needed}")
+                f"mask_rate={self.mask_rate}: a full sequence has round({self.mask_rate} * "
+                f"{length}) = {needed} to predict; set max_predictions_per_seq >= {needed}")
         if preds > length:
             raise ValueError(f"max_predictions_per_seq={preds} > max_seq_length={length}")
 
@@ -128,7 +127,8 @@ def block_function(recipe: Recipe, *, cls_id: int, sep_id: int, pad_id: int, mas
         ex = pairs.assemble(tokens, spans, seq_len=recipe.max_seq_length, cls_id=cls_id,
                             sep_id=sep_id, pad_id=pad_id, pair=recipe.nsp)
         ex.update(masking.mask_batch(
-            ex["input_ids"], ex.pop("maskable"), mask_seed,
+            ex["input_ids"], ex.pop("maskable"), tf.reduce_sum(ex["input_mask"], axis=1),
+            mask_seed,
             max_predictions=recipe.max_predictions_per_seq, mask_rate=recipe.mask_rate,
             mask_prob=recipe.mask_prob, random_prob=recipe.random_prob, mask_id=mask_id,
             random_ids=random_ids, word_start=word_start if recipe.whole_word_masking else None))
