@@ -185,14 +185,13 @@ def original_instances(sentences, rng, max_num_tokens, short_seq_prob, per_insta
     return count
 
 
-@pytest.mark.parametrize("seq_len,short_seq_prob,per_instance",
-                         [(128, 0.0, False), (512, 0.0, False), (128, 0.1, True),
-                          (512, 0.1, True)])
-def test_instances_per_document_match_the_original(seq_len, short_seq_prob, per_instance):
-    """With the original's target rule (no short targets, where per document and per instance
-    agree) and with bertjax's per-instance short targets, as many instances per document and
-    epoch as the original's loop makes. With short targets drawn per document the original
-    makes 5-11% more (see pairs.py)."""
+@pytest.mark.parametrize("seq_len,short_seq_prob", [(128, 0.0), (512, 0.0), (128, 0.1),
+                                                    (512, 0.1)])
+def test_instances_per_document_match_the_original(seq_len, short_seq_prob):
+    """With no short targets (where per document and per instance agree), as many instances
+    per document and epoch as the original's loop makes; with short targets, as many as that
+    loop drawing them per instance, bertjax's deliberate difference, and 2-15% fewer than the
+    original's per-document draw makes (pairs.py states 5-11%)."""
     rng = np.random.default_rng(3)
     docs = [[int(x) for x in np.clip(rng.lognormal(3.0, 0.6, rng.integers(1, 120)), 1, 300)]
             for _ in range(300)]
@@ -200,9 +199,14 @@ def test_instances_per_document_match_the_original(seq_len, short_seq_prob, per_
     s, _, _ = spans_over_seeds(docs, seq_len - 3, seeds, short_seq_prob)
     ours = len(s["a0"]) / len(seeds)
     py = random.Random(0)
-    theirs = np.mean([sum(original_instances(d, py, seq_len - 3, short_seq_prob, per_instance)
-                          for d in docs) for _ in seeds])
-    assert abs(ours / theirs - 1) < 0.02, (ours, theirs)
+
+    def theirs(per_instance):
+        return np.mean([sum(original_instances(d, py, seq_len - 3, short_seq_prob,
+                                               per_instance) for d in docs) for _ in seeds])
+
+    assert abs(ours / theirs(per_instance=short_seq_prob > 0) - 1) < 0.02
+    if short_seq_prob:
+        assert 0.85 < ours / theirs(per_instance=False) < 0.98
 
 
 def masked(lengths, seed, **kw):

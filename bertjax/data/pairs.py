@@ -15,9 +15,8 @@ parts and a batch is not drawn from a handful of books. Within a part, as google
 - A = the first `a_end` sentences of the chunk, `a_end` uniform in [1, len(chunk) - 1] (1 for a
   one-sentence chunk); with probability 0.5, or always for a one-sentence chunk, B = sentences
   of a *different* document (uniform over the other documents, not parts) from a uniform
-  start sentence on, filled to target - len(A), and the
-  chunk's unused sentences are put back (the next instance starts after A); else B = the rest
-  of the chunk;
+  start sentence on, filled to target - len(A), and the chunk's unused sentences are put
+  back (the next instance starts after A); else B = the rest of the chunk;
 - the pair is truncated to the target by dropping tokens from the longer side, each from the
   front or the back with probability 1/2 (drawn as a binomial count, which is the same
   distribution as the original's token-by-token coin flips).
@@ -28,8 +27,9 @@ the share of short examples depend on document lengths: in the original the one 
 ten with a short target yields several times the instances of the others, so about a fifth of
 all instances are short), and a pair is truncated to its target, not to max_num_tokens (so a
 short target gives a short sequence). Drawing per instance makes 5-11% fewer instances per
-epoch than the original (seq 128 / 512, measured on synthetic documents in
-tests/test_pretraining_recipe.py; with short_seq_prob = 0 the counts agree). And a chunk never
+epoch than the original (seq 128 / 512, on the synthetic documents of
+tests/test_pretraining_recipe.py, against its port of the original's loop; with
+short_seq_prob = 0 the counts agree). And a chunk never
 spans a part boundary, as it never spans a document: for documents longer than a part, about
 half an instance more per part boundary.
 
