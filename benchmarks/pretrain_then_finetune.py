@@ -153,9 +153,9 @@ def markdown(report: dict) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="/tmp/bertjax-ptf")
-    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--eval_every", type=int, default=500)
-    parser.add_argument("--pretrain_minutes", type=float, default=50.0)
+    parser.add_argument("--pretrain_minutes", type=float, default=55.0)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--tasks", default=",".join(TASKS))
     parser.add_argument("--quick", action="store_true",
