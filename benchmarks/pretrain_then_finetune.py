@@ -158,13 +158,18 @@ def main():
     parser.add_argument("--pretrain_minutes", type=float, default=55.0)
     parser.add_argument("--seeds", default="0,1")
     parser.add_argument("--tasks", default=",".join(TASKS))
+    parser.add_argument("--pretrain_overrides", default="",
+                        help="comma-separated KEY=VALUE config overrides of the pretraining "
+                        "run, e.g. data.nsp=False,data.mask_rate=0.3")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
     rerun = (f"PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py "
              f"--out={args.out} --steps={args.steps} --eval_every={args.eval_every} "
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
-             f"--tasks={args.tasks}" + (" --quick" if args.quick else ""))
+             f"--tasks={args.tasks}" + (" --quick" if args.quick else "")
+             + (f" --pretrain_overrides={args.pretrain_overrides}"
+                if args.pretrain_overrides else ""))
     print(f"# {rerun}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     report = {"rerun": rerun, "commands": {}}
@@ -176,7 +181,8 @@ def main():
         report["commands"]["prepare"] = shown(command)
 
     pretrained = os.path.join(args.out, "pretrain")
-    values = {"data.shard_dir": shard_dir, **PRETRAIN, "train.num_steps": args.steps,
+    extra = dict(kv.split("=", 1) for kv in args.pretrain_overrides.split(",") if kv)
+    values = {"data.shard_dir": shard_dir, **PRETRAIN, **extra, "train.num_steps": args.steps,
               "train.eval_every": args.eval_every, "train.checkpoint_every": args.eval_every}
     command = main_command("configs/tiny.py", pretrained, values)
     report["commands"]["pretrain"] = shown(command)
