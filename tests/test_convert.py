@@ -168,9 +168,79 @@ def test_partly_missing_head_is_an_error_not_a_fresh_init(hf_dir, tmp_path):
 
 
 def test_unexpected_tensor_is_named(hf_dir, tmp_path):
-    message = error_for(hf_dir, tmp_path,
-                        lambda t: {**t, "classifier.weight": np.zeros((3, 36), np.float32)})
-    assert "unexpected" in message and "classifier.weight" in message
+    # A layer more than the config says is never a head to skip: the config is wrong.
+    extra = "bert.encoder.layer.2.output.dense.bias"
+    message = error_for(hf_dir, tmp_path / "layer",
+                        lambda t: {**t, extra: np.zeros(36, np.float32)})
+    assert "unexpected tensors in the encoder" in message and extra in message
+    # A task head is skipped, unless strict.
+    path = variant(hf_dir, tmp_path / "head", lambda t: {**t, "classifier.weight":
+                                                         np.zeros((3, 36), np.float32)})
+    assert convert.read("hf", path, **QUIET).skipped == ["classifier.weight"]
+    with pytest.raises(ValueError, match=r"unexpected tensors .*--strict.*classifier\.weight"):
+        convert.read("hf", path, strict=True, **QUIET)
+
+
+TASK_HEADS = {f"cls.{name}.{kind}": shape
+              for name, n in (("sentiment", 2), ("topic", 5), ("toxicity", 1))
+              for kind, shape in (("weight", (n, 36)), ("bias", (n,)))}
+
+
+@pytest.mark.parametrize("layout", ["pytorch_model.bin", "safetensors"])
+def test_checkpoint_with_extra_heads_converts_encoder_and_mlm_head(layout, tmp_path):
+    """A published-style BertForMaskedLM (bert. prefix, tied MLM head) that also carries three
+    task heads: the encoder and MLM head convert, the heads are listed and left out."""
+    torch.manual_seed(1)
+    model = transformers.BertForMaskedLM(transformers.BertConfig(**HF_CONFIG)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.tie_weights()
+    path = str(tmp_path / "with_heads")
+    model.save_pretrained(path, safe_serialization=layout == "safetensors")
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state.update({k: torch.randn(shape) for k, shape in TASK_HEADS.items()})
+    if layout == "safetensors":
+        save_file({k: v.numpy() for k, v in state.items()},
+                  os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    else:
+        torch.save(state, os.path.join(path, "pytorch_model.bin"))
+
+    warnings = []
+    converted = convert.convert(path, str(tmp_path / "out"), src="hf", warn=warnings.append,
+                                **QUIET)
+    assert converted.skipped == sorted(TASK_HEADS)
+    assert any(all(k in w for k in TASK_HEADS) for w in warnings), warnings
+    # BertForMaskedLM has no pooler and no NSP head: those start fresh, and say so.
+    assert {p.split("/")[0] + "/" + p.split("/")[1] for p in converted.fresh} == {
+        "bert/pooler", "nsp/kernel", "nsp/bias"}
+    back = convert.read("bertjax", str(tmp_path / "out"))
+    ids, mask, segs, positions = batch()
+    seq, _, heads = forward(back.config, back.params, ids, mask, segs, positions)
+    with torch.no_grad():
+        ref = model(input_ids=torch.tensor(ids, dtype=torch.long),
+                    attention_mask=torch.tensor(mask, dtype=torch.long),
+                    token_type_ids=torch.tensor(segs, dtype=torch.long),
+                    output_hidden_states=True)
+    real = mask.astype(bool)
+    assert np.abs(np.asarray(seq) - ref.hidden_states[-1].numpy())[real].max() < 1e-4
+    ref_mlm = np.take_along_axis(ref.logits.numpy(), positions[:, :, None], axis=1)
+    assert np.abs(np.asarray(heads["mlm_logits"]) - ref_mlm).max() < 1e-4
+
+
+def test_strict_cli_refuses_extra_heads_in_one_line(hf_dir, tmp_path):
+    import subprocess
+    path = variant(hf_dir, tmp_path, lambda t: {
+        **t, **{k: np.zeros(shape, np.float32) for k, shape in TASK_HEADS.items()}})
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(__file__))}
+    out = str(tmp_path / "out")
+    proc = subprocess.run([sys.executable, "-m", "bertjax.convert", "--from=hf", "--strict",
+                           f"--input={path}", f"--output={out}"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert error.startswith("error:") and all(k in error for k in TASK_HEADS)
+    assert not os.path.exists(out)
 
 
 def test_untied_decoder_is_an_error(hf_dir, tmp_path):

@@ -154,3 +154,21 @@ def test_bad_configs_are_clear_errors():
     model = BertModel(dataclasses.replace(ODD, max_position_embeddings=5))
     with pytest.raises(ValueError, match="exceeds max_position_embeddings 5"):
         model.init(jax.random.key(0), ids, mask, seg)
+
+
+def test_gelu_names_mean_their_formulas():
+    """'gelu' is the exact erf form (BERT's first release, Hugging Face's 'gelu'); 'gelu_tanh'
+    and 'gelu_new' the tanh approximation of google-research/bert's current modeling.py. A
+    checkpoint converted under the wrong name would be off by up to 4.7e-4 per activation."""
+    import math
+
+    from bertjax.models.bert import ACTIVATIONS
+    x = np.linspace(-5, 5, 201)
+    exact = np.array([v * 0.5 * (1 + math.erf(v / math.sqrt(2))) for v in x])
+    tanh = 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3)))
+    np.testing.assert_allclose(ACTIVATIONS["gelu"](jnp.asarray(x, jnp.float32)), exact,
+                               atol=2e-6)
+    for name in ("gelu_tanh", "gelu_new"):
+        np.testing.assert_allclose(ACTIVATIONS[name](jnp.asarray(x, jnp.float32)), tanh,
+                                   atol=2e-6)
+    assert np.abs(exact - tanh).max() > 4e-4

@@ -114,3 +114,69 @@ def test_bad_optimizer_settings_are_named():
         optimizers.learning_rate_schedule("cosine", 1e-4, 10, 100)
     with pytest.raises(ValueError, match=r"warmup_steps >= 0 \(got -1\)"):
         optimizers.learning_rate_schedule("bert", 1e-4, -1, 100)
+
+
+def numpy_lamb(params, grads, lr, *, b1, b2, eps, weight_decay):
+    """LAMB as tf-addons defines it (and NVIDIA's BERT recipe runs it), one tensor at a time:
+    bias-corrected Adam, decay added to the update, then the trust ratio ||p|| / ||update||
+    (1 where either norm is 0); parameters whose name matches NVIDIA's exclusion list get
+    neither the decay nor the ratio."""
+    excluded = ("LayerNorm", "layer_norm", "bias")
+    out = {}
+    for name, p in params.items():
+        p = np.asarray(p, np.float64)
+        m, v = np.zeros_like(p), np.zeros_like(p)
+        adapt = not any(e in name for e in excluded)
+        for t, g in enumerate((np.asarray(gs[name], np.float64) for gs in grads), start=1):
+            m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+            update = (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+            ratio = 1.0
+            if adapt:
+                update = update + weight_decay * p
+                w_norm, u_norm = np.linalg.norm(p), np.linalg.norm(update)
+                ratio = w_norm / u_norm if w_norm > 0 and u_norm > 0 else 1.0
+            p = p - ratio * lr(t - 1) * update
+        out[name] = p
+    return out
+
+
+@pytest.mark.parametrize("weight_decay", [0.01, 0.0])
+def test_lamb_matches_nvidia_lamb(weight_decay):
+    rng = np.random.default_rng(1)
+    normal = lambda *shape: jnp.asarray(rng.normal(0, 0.5, shape), jnp.float32)
+    # Every kind of parameter BERT has, biases and LayerNorm starting as BERT's do.
+    params = {
+        "bert/encoder/layer_0/intermediate/kernel": normal(3, 5),
+        "bert/encoder/layer_0/intermediate/bias": jnp.zeros(5),
+        "bert/encoder/layer_0/attention/query/bias": normal(2, 3),
+        "bert/encoder/layer_0/output_layer_norm/scale": jnp.ones(3),
+        "bert/encoder/layer_0/output_layer_norm/bias": jnp.zeros(3),
+        "bert/embeddings/word_embeddings/embedding": normal(7, 3),
+        "mlm/output_bias": jnp.zeros(7),
+        "nsp/kernel": jnp.zeros((3, 2)),  # a zero weight: ratio 1, as tf-addons
+    }
+    grads = [{k: normal(*p.shape) for k, p in params.items()} for _ in range(4)]
+    lr = lambda step: 0.01 * (step + 1)  # a changing rate, to catch an off-by-one step
+    b1, b2, eps = 0.9, 0.999, 1e-6
+    tx = optimizers.make_optimizer("lamb", lr, b1=b1, b2=b2, eps=eps,
+                                   weight_decay=weight_decay, clip_norm=0.0)
+    state, p = tx.init(params), params
+    for g in grads:
+        updates, state = tx.update(g, state, p)
+        p = optax.apply_updates(p, updates)
+    want = numpy_lamb(params, grads, lr, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay)
+    for name in params:
+        np.testing.assert_allclose(p[name], want[name], rtol=2e-5, atol=1e-7, err_msg=name)
+
+
+def test_lamb_moves_a_small_bias_a_full_step():
+    # The issue's case: a bias of 0.01 with gradient 0.3 at lr 1e-3. Adam's first step is
+    # lr * sign(g); a trust ratio of ||0.01|| / ||1|| would shrink it 100-fold.
+    tx = optimizers.make_optimizer("lamb", lambda step: 1e-3, b1=0.9, b2=0.999, eps=1e-6,
+                                   weight_decay=0.01, clip_norm=1.0)
+    params = {"dense": {"kernel": jnp.full((4, 4), 0.01), "bias": jnp.full((4,), 0.01)}}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.3), params)
+    updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates["dense"]["bias"], -1e-3, rtol=1e-4)
+    # The kernel keeps its ratio, which scales the step to lr * ||p|| per unit: 100x smaller.
+    np.testing.assert_allclose(updates["dense"]["kernel"], -1e-5, rtol=1e-4)

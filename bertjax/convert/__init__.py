@@ -41,14 +41,16 @@ def write_bertjax(directory: str, converted: Converted, overwrite: bool = False,
                                   files.CopyTokenizer(converted.tokenizer_files), overwrite)
 
 
-def read(fmt: str, path: str, seed: int = 0, log: Log = print) -> Converted:
+def read(fmt: str, path: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
+    """The checkpoint at `path` in format `fmt`. Tensors of heads bertjax does not have (task
+    classifiers) are skipped and listed in `.skipped`, or refused if `strict`."""
     from bertjax.convert import hf, tf
     if not os.path.exists(path) and not os.path.exists(path + ".index"):
         raise FileNotFoundError(f"{path}: no such directory")
     if fmt == "hf":
-        return hf.read_hf(path, seed, log)
+        return hf.read_hf(path, seed, log, strict)
     if fmt == "tf":
-        return tf.read_tf(path, seed, log)
+        return tf.read_tf(path, seed, log, strict)
     if fmt == "bertjax":
         return read_bertjax(path)
     raise ValueError(f"unknown checkpoint format {fmt!r}: expected one of {FORMATS}")
@@ -65,13 +67,17 @@ def write(fmt: str, path: str, converted: Converted, overwrite: bool = False,
 
 def convert(input_path: str, output_path: str, src: str = "bertjax", dst: str = "bertjax",
             seed: int = 0, overwrite: bool = False, log: Log = print,
-            warn: Log = _stderr) -> Converted:
+            warn: Log = _stderr, strict: bool = False) -> Converted:
     """Reads `input_path` in format `src`, writes `output_path` in format `dst`. Parts the
-    input lacks (heads, pooler) are initialised fresh with `seed` and reported via `warn`."""
+    input lacks (heads, pooler) are initialised fresh with `seed`, and heads bertjax does not
+    have are left out (refused if `strict`); both are reported via `warn`."""
     if src == dst:
         raise ValueError(f"--from and --to are both {src!r}: nothing to convert")
     files.check_output(output_path, overwrite)
-    converted = read(src, input_path, seed, log)
+    converted = read(src, input_path, seed, log, strict)
+    if converted.skipped:
+        warn(f"warning: {input_path} has heads bertjax does not convert; left out (--strict "
+             f"refuses them): " + ", ".join(converted.skipped))
     if converted.fresh:
         warn(f"warning: {input_path} lacks these tensors; initialised fresh (seed {seed}): "
              + ", ".join(converted.fresh))

@@ -12,6 +12,8 @@ flags.DEFINE_string("output", None, "Directory to write.", required=True)
 flags.DEFINE_bool("overwrite", False, "Replace --output if it exists.")
 flags.DEFINE_integer("seed", 0, "Seed for the parts the input lacks (e.g. pretraining heads).")
 flags.DEFINE_bool("quiet", False, "No progress lines; warnings and errors only.")
+flags.DEFINE_bool("strict", False, "Refuse a checkpoint with tensors bertjax has no place for "
+                  "(task heads) instead of leaving them out and listing them.")
 FLAGS = flags.FLAGS
 
 
@@ -22,7 +24,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     with cli.one_line_errors("bertjax.convert"):
         convert.convert(FLAGS.input, FLAGS.output, src=FLAGS["from"].value, dst=FLAGS.to,
-                        seed=FLAGS.seed, overwrite=FLAGS.overwrite,
+                        seed=FLAGS.seed, overwrite=FLAGS.overwrite, strict=FLAGS.strict,
                         log=(lambda line: None) if FLAGS.quiet else print)
 
 

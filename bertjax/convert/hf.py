@@ -1,7 +1,9 @@
 """Hugging Face BERT directories (`config.json`, `model.safetensors` or `pytorch_model.bin`).
 
 Reads `BertModel`, `BertForPreTraining` and `BertForMaskedLM` exports: keys with or without
-the `bert.` prefix, old `gamma`/`beta` LayerNorm names, with or without the `cls.*` heads.
+the `bert.` prefix, old `gamma`/`beta` LayerNorm names, with or without the `cls.*` heads,
+and with task heads bertjax does not convert (`classifier.*`, `cls.<task>.*`), which are
+skipped and listed unless `strict`.
 Writes what `transformers.BertForPreTraining.from_pretrained` loads.
 """
 
@@ -158,13 +160,13 @@ def _resolve_tied(source: HFSource, log: Log) -> None:
         log(f"ignoring {', '.join(ignored)}")
 
 
-def read_hf(directory: str, seed: int = 0, log: Log = print) -> Converted:
+def read_hf(directory: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
     config_path = os.path.join(directory, "config.json")
     config = config_from_hf(files.read_json(config_path), config_path)
     source = HFSource(directory)
     _resolve_tied(source, log)
-    params, fresh = read_params(config, source, "hf", seed, log)
-    return Converted(config, params, fresh, files.tokenizer_files(directory))
+    params, fresh, skipped = read_params(config, source, "hf", seed, log, strict)
+    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
 
 
 def _pad_id(tokenizer_paths: list[str]) -> int | None:

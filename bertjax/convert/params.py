@@ -3,7 +3,9 @@
 Reading goes tensor by tensor, so a big checkpoint is never held twice: a source yields one
 array, it is renamed and reshaped, placed on the host CPU, and the next is read. Parts a
 checkpoint lacks (`table.OPTIONAL_PARTS`) are initialised with the model's own initialiser;
-anything else missing, extra or of the wrong shape is an error naming the tensor.
+heads bertjax does not have (outside `table.ENCODER_PREFIXES`) are skipped and listed, or
+refused when strict; anything else missing, extra or of the wrong shape is an error naming
+the tensor.
 """
 
 from __future__ import annotations
@@ -101,17 +103,21 @@ def _problems(title: str, items: list[str], limit: int = 10) -> str:
 
 
 def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
-                log: Log = print) -> tuple[dict, list[str]]:
-    """(params, paths initialised fresh) of `BertForPreTraining` from a checkpoint in format
-    `fmt` ('tf' or 'hf'); raises one error listing every unexpected, misshapen or missing
-    tensor."""
+                log: Log = print, strict: bool = False) -> tuple[dict, list[str], list[str]]:
+    """(params, paths initialised fresh, tensors skipped) of `BertForPreTraining` from a
+    checkpoint in format `fmt` ('tf' or 'hf'); raises one error listing every unexpected,
+    misshapen or missing tensor. Tensors of heads bertjax does not have are skipped (and
+    returned, as the checkpoint names them) unless `strict`, which refuses them."""
     check_convertible(config)
     shapes = {path: tuple(x.shape) for path, x in flatten(abstract_params(config)).items()}
     rows = table.rows(config.num_hidden_layers)
     by_name = {row.name(fmt): row for row in rows}
     available = set(source.names())
 
-    unexpected = sorted(source.label(n) for n in available - set(by_name))
+    extra = available - set(by_name)
+    heads = set() if strict else {n for n in extra
+                                  if not n.startswith(table.ENCODER_PREFIXES[fmt])}
+    unexpected = sorted(source.label(n) for n in extra - heads)
     wrong = [f"{source.label(n)} has shape {source.shape(n)}, expected "
              f"{row.shape(fmt, shapes[row.ours])} (bertjax {row.ours})"
              for n, row in by_name.items()
@@ -124,8 +130,10 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
                 if table.optional_part(row.ours) in (None, *partial)]
     problems = []
     if unexpected:
-        problems.append(_problems("unexpected tensors (not part of a BERT pretraining model)",
-                                  unexpected))
+        title = ("unexpected tensors (not part of a BERT pretraining model; without --strict "
+                 "those of other heads are skipped)" if strict else
+                 "unexpected tensors in the encoder (the config does not describe them)")
+        problems.append(_problems(title, unexpected))
     if wrong:
         problems.append(_problems(f"wrong shapes for the config (hidden_size "
                                   f"{config.hidden_size}, {config.num_attention_heads} heads, "
@@ -135,6 +143,7 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
     if problems:
         raise ValueError(f"{source.path}: " + ". ".join(problems))
 
+    skipped = sorted(source.label(n) for n in heads)
     device = host_device()
     present = [row for row in rows if row.name(fmt) in available]
     log(f"reading {len(present)} tensors from {source.path}")
@@ -147,7 +156,7 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
         log(f"initialising {', '.join(sorted(absent_parts))} fresh "
             f"(not in the checkpoint, seed {seed})")
         flat.update(init_fresh(config, fresh, seed))
-    return unflatten({path: flat[path] for path in shapes}), fresh
+    return unflatten({path: flat[path] for path in shapes}), fresh, skipped
 
 
 def write_tensors(config: BertConfig, params: dict, fmt: str,

@@ -13,3 +13,4 @@ class Converted:
     params: dict  # BertForPreTraining params: {'bert': ..., 'mlm': ..., 'nsp': ...}
     fresh: list[str]  # param paths the checkpoint lacked, initialised fresh
     tokenizer_files: list[str]  # carried over as they are
+    skipped: list[str] = dataclasses.field(default_factory=list)  # extra heads left out

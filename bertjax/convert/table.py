@@ -43,6 +43,13 @@ HF_MLM_BIAS = "cls.predictions.bias"
 TF_IGNORED_NAMES = ("global_step",)
 TF_IGNORED_SUFFIXES = ("/adam_m", "/adam_v")
 
+# Where the encoder's tensors live in each format. A tensor there that the table lacks means
+# the config does not describe the checkpoint (a layer more, another architecture): always an
+# error. Anything else the table lacks is a head bertjax does not have (a task classifier,
+# `cls.<task>.*`): skipped unless conversion is strict.
+ENCODER_PREFIXES = {"hf": ("bert.embeddings.", "bert.encoder.", "bert.pooler."),
+                    "tf": ("bert/embeddings/", "bert/encoder/", "bert/pooler/")}
+
 # Parts a checkpoint may lack (an encoder-only export has no `cls.*`, some have no pooler);
 # they are initialised fresh, and reported. A part is all there or all missing.
 OPTIONAL_PARTS = ("bert/pooler/", "mlm/", "nsp/")

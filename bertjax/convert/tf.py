@@ -74,7 +74,7 @@ class TFSource:
         return name
 
 
-def read_tf(path: str, seed: int = 0, log: Log = print) -> Converted:
+def read_tf(path: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
     prefix = find_checkpoint(path)
     directory = path if os.path.isdir(path) else os.path.dirname(prefix)
     config_path = os.path.join(directory, CONFIG_FILE)
@@ -82,8 +82,8 @@ def read_tf(path: str, seed: int = 0, log: Log = print) -> Converted:
         config = BertConfig.from_dict(files.read_json(config_path))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{config_path}: {e}") from None
-    params, fresh = read_params(config, TFSource(prefix, log), "tf", seed, log)
-    return Converted(config, params, fresh, files.tokenizer_files(directory))
+    params, fresh, skipped = read_params(config, TFSource(prefix, log), "tf", seed, log, strict)
+    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
 
 
 def write_tf(directory: str, converted: Converted, overwrite: bool = False,

@@ -5,13 +5,18 @@ with it (training and evaluation, every test): the documents and the seed are ar
 not captured constants. A call does everything for one block with TF ops, so tf.data runs
 blocks in parallel in its C++ threads:
 
-  (epoch, block, its slots in the epoch's document order) -> the block's documents
+  (epoch, block, its slots in the epoch's order of parts) -> the block's parts of documents
   -> pairs (`pairs`) -> truncation -> `[CLS] A [SEP] B [SEP]` -> masks (`masking`)
   -> a seeded shuffle of the block's examples -> drop the first `skip` (to resume).
 
-`epoch_blocks` cuts each epoch's document order into blocks of about `block_tokens` tokens.
-Every random draw is a stateless op seeded by (seed, host, epoch, block), so a block's
-examples are a function of those numbers alone.
+The unit an epoch shuffles is a *part* of a document (`document_parts`): the document itself,
+or, for one longer than the part size, a run of its whole sentences of about that size.
+`epoch_blocks` cuts each epoch's order of parts into blocks of about `block_tokens` tokens.
+A block's examples are shuffled together, so parts, not whole documents, are what a batch
+mixes: with the default 2^19-token blocks, documents of 100k tokens (books; prepare splits
+longer ones) would put only about five documents in a block, and every batch would come from
+those five. Every random draw is a stateless op seeded by (seed, host, epoch, block), so a
+block's examples are a function of those numbers alone.
 """
 
 from __future__ import annotations
@@ -19,11 +24,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import numpy as np
 import tensorflow as tf
 
 from bertjax.data import masking, pairs
 
 _SEED_SALT = 0x0BE27
+
+# A block holds at least this many parts (so many documents' worth, when documents are long) ...
+PARTS_PER_BLOCK = 64
+# ... unless that would make a part shorter than this many full sequences: every part
+# boundary cuts a chunk short, like a document's end, about half an instance per boundary.
+MIN_PART_SEQUENCES = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,15 +72,38 @@ class Recipe:
         if self.mask_prob + self.random_prob > 1.0:
             raise ValueError(f"mask_prob={self.mask_prob} + random_prob={self.random_prob} > 1: "
                              "the rest is the share kept unchanged, so it cannot be negative")
-        needed = int(round(self.mask_rate * self.max_num_tokens))
+        needed = int(round(self.mask_rate * length))
         if preds < needed:
             raise ValueError(
                 f"max_predictions_per_seq={preds} is too small for max_seq_length={length} at "
-                f"mask_rate={self.mask_rate}: a full sequence has {self.max_num_tokens} text "
-                f"tokens, round({self.mask_rate} * {self.max_num_tokens}) = {needed} to predict; "
-                f"set max_predictions_per_seq >= {needed}")
+                f"mask_rate={self.mask_rate}: a full sequence has round({self.mask_rate} * "
+                f"{length}) = {needed} to predict; set max_predictions_per_seq >= {needed}")
         if preds > length:
             raise ValueError(f"max_predictions_per_seq={preds} > max_seq_length={length}")
+
+
+def part_tokens(block_tokens: int, max_seq_length: int) -> int:
+    """The part size for blocks of `block_tokens`: PARTS_PER_BLOCK parts per block, but at
+    least MIN_PART_SEQUENCES sequences per part."""
+    return max(block_tokens // PARTS_PER_BLOCK, MIN_PART_SEQUENCES * max_seq_length)
+
+
+def document_parts(sentence_starts: np.ndarray, document_starts: np.ndarray,
+                   size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(part_starts [U+1], part_document [U]): each document cut at the first sentence that
+    starts at or after every multiple of `size` tokens into it. A document of at most `size`
+    tokens is one part; a longer one has parts of at least `size` tokens (the last excepted)."""
+    num_sentences = len(sentence_starts) - 1
+    sentence_document = np.repeat(np.arange(len(document_starts) - 1),
+                                  np.diff(document_starts))
+    document_first_token = sentence_starts[document_starts[:-1]]
+    window = (sentence_starts[:-1] - document_first_token[sentence_document]) // size
+    starts = np.ones(num_sentences, bool)
+    starts[1:] = ((sentence_document[1:] != sentence_document[:-1])
+                  | (window[1:] != window[:-1]))
+    first = np.flatnonzero(starts)
+    return (np.append(first, num_sentences).astype(np.int64),
+            sentence_document[first].astype(np.int64))
 
 
 def _seed(seed: tf.Tensor, *keys: tf.Tensor) -> tf.Tensor:
@@ -78,57 +113,61 @@ def _seed(seed: tf.Tensor, *keys: tf.Tensor) -> tf.Tensor:
     return out
 
 
-def _epoch_order(epoch, seed, host, num_docs, slots):
-    """Documents at `slots` of this epoch's seeded permutation of the host's documents."""
-    return tf.random.experimental.index_shuffle(slots, _seed(seed, host, epoch), num_docs - 1)
+def _epoch_order(epoch, seed, host, num_parts, slots):
+    """Parts at `slots` of this epoch's seeded permutation of the host's parts."""
+    return tf.random.experimental.index_shuffle(slots, _seed(seed, host, epoch), num_parts - 1)
 
 
 @tf.function(input_signature=[tf.TensorSpec([], tf.int64)] * 4 + [tf.TensorSpec([None], tf.int64)],
              autograph=False)
-def epoch_blocks(epoch, seed, host, block_tokens, document_tokens):
-    """[blocks, 2] int64: (first, end) slots of the epoch's document order that form each block.
+def epoch_blocks(epoch, seed, host, block_tokens, part_tokens):
+    """[blocks, 2] int64: (first, end) slots of the epoch's order of parts that form each block.
 
-    A block takes documents in order while they start within its `block_tokens` window, so it
-    holds about `block_tokens` tokens (plus at most one document) whatever the documents' sizes.
+    A block takes parts in order while they start within its `block_tokens` window, so it
+    holds about `block_tokens` tokens (plus at most one part) whatever the parts' sizes.
     """
-    num_docs = tf.shape(document_tokens, out_type=tf.int64)[0]
-    sizes = tf.gather(document_tokens, _epoch_order(epoch, seed, host, num_docs,
-                                                    tf.range(num_docs)))
+    num_parts = tf.shape(part_tokens, out_type=tf.int64)[0]
+    sizes = tf.gather(part_tokens, _epoch_order(epoch, seed, host, num_parts,
+                                                tf.range(num_parts)))
     window = tf.cumsum(sizes, exclusive=True) // block_tokens
     first = tf.where(tf.concat([[True], window[1:] != window[:-1]], axis=0))[:, 0]
-    return tf.stack([first, tf.concat([first[1:], [num_docs]], axis=0)], axis=1)
+    return tf.stack([first, tf.concat([first[1:], [num_parts]], axis=0)], axis=1)
 
 
 @functools.lru_cache(maxsize=None)
 def block_function(recipe: Recipe, *, cls_id: int, sep_id: int, pad_id: int, mask_id: int,
                    token_dtype: tf.DType):
     """tf.function(epoch, block, first, end, skip, seed, host, tokens, sentence_starts,
-    document_starts, random_ids, word_start) -> dict of the examples of the block made of
-    slots [first, end) of the epoch's document order, [N, ...] each, without the first `skip`,
-    plus `_epoch`, `_block` and `_example` (the example's index in the block)."""
+    document_starts, part_starts, part_document, random_ids, word_start) -> dict of the
+    examples of the block made of slots [first, end) of the epoch's order of parts, [N, ...]
+    each, without the first `skip`, plus `_epoch`, `_block` and `_example` (the example's
+    index in the block)."""
     spans_fn = pairs.nsp_spans if recipe.nsp else pairs.single_spans
     scalar = tf.TensorSpec([], tf.int64)
+    offsets = tf.TensorSpec([None], tf.int64)
     signature = [scalar] * 7 + [
-        tf.TensorSpec([None], token_dtype), tf.TensorSpec([None], tf.int64),
-        tf.TensorSpec([None], tf.int64), tf.TensorSpec([None], tf.int32),
-        tf.TensorSpec([None], tf.bool)]
+        tf.TensorSpec([None], token_dtype), offsets, offsets, offsets, offsets,
+        tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.bool)]
 
     @tf.function(input_signature=signature, autograph=False)
     def make(epoch, block, first, end, skip, seed, host, tokens, sentence_starts,
-             document_starts, random_ids, word_start):
-        pool = pairs.PoolTensors(tokens, sentence_starts, document_starts)
-        num_docs = tf.shape(document_starts, out_type=tf.int64)[0] - 1
-        doc_ids = _epoch_order(epoch, seed, host, num_docs, tf.range(first, end))
+             document_starts, part_starts, part_document, random_ids, word_start):
+        pool = pairs.PoolTensors(tokens, sentence_starts, document_starts, part_starts,
+                                 part_document)
+        num_parts = tf.shape(part_document, out_type=tf.int64)[0]
+        part_ids = _epoch_order(epoch, seed, host, num_parts, tf.range(first, end))
         block_seed = _seed(seed, host, epoch, block, 1)
         pair_seed, trunc_seed, mask_seed, order_seed = tf.unstack(tf.random.split(block_seed, 4))
-        spans, target = spans_fn(doc_ids, pair_seed, pool, max_num_tokens=recipe.max_num_tokens,
+        spans, target = spans_fn(part_ids, pair_seed, pool,
+                                 max_num_tokens=recipe.max_num_tokens,
                                  short_seq_prob=recipe.short_seq_prob)
         if recipe.nsp:
             spans = pairs.truncate_pair(spans, target, trunc_seed)
         ex = pairs.assemble(tokens, spans, seq_len=recipe.max_seq_length, cls_id=cls_id,
                             sep_id=sep_id, pad_id=pad_id, pair=recipe.nsp)
         ex.update(masking.mask_batch(
-            ex["input_ids"], ex.pop("maskable"), mask_seed,
+            ex["input_ids"], ex.pop("maskable"), tf.reduce_sum(ex["input_mask"], axis=1),
+            mask_seed,
             max_predictions=recipe.max_predictions_per_seq, mask_rate=recipe.mask_rate,
             mask_prob=recipe.mask_prob, random_prob=recipe.random_prob, mask_id=mask_id,
             random_ids=random_ids, word_start=word_start if recipe.whole_word_masking else None))

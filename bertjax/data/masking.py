@@ -1,7 +1,10 @@
 """TF ops: BERT's masked-LM corruption of a batch of sequences, vectorised over the batch.
 
-For each sequence with n maskable tokens (the A and B tokens: never [CLS], [SEP], [PAD]),
-`min(P, max(1, round(n * mask_rate)))` of them are chosen uniformly; each chosen one becomes
+For each sequence of `length` tokens, n of them maskable (the A and B tokens: never [CLS],
+[SEP], [PAD]), `min(P, max(1, round(length * mask_rate)), n)` of the maskable ones are chosen
+uniformly. `length` counts [CLS] and the [SEP]s, as the original's `round(len(tokens) *
+masked_lm_prob)` does: a full sequence of 512 gets 77 predictions, not round(509 * 0.15) = 76.
+Each chosen one becomes
 [MASK] with probability `mask_prob`, a random non-special token with `random_prob`, and stays
 as it is otherwise. Outputs use the original feature names: positions sorted ascending and
 padded with 0, `masked_lm_ids` the original tokens, `masked_lm_weights` 1.0 / 0.0.
@@ -19,10 +22,13 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def num_predictions(num_maskable: tf.Tensor, max_predictions: int, mask_rate: float) -> tf.Tensor:
-    """min(P, max(1, round(n * mask_rate))), with round half to even as Python's round."""
-    n = tf.round(tf.cast(num_maskable, tf.float64) * mask_rate)
-    return tf.minimum(max_predictions, tf.maximum(1, tf.cast(n, tf.int32)))
+def num_predictions(length: tf.Tensor, num_maskable: tf.Tensor, max_predictions: int,
+                    mask_rate: float) -> tf.Tensor:
+    """min(P, max(1, round(length * mask_rate)), num_maskable), rounding half to even as
+    Python's round; the original stops when it runs out of candidates, hence the last term."""
+    n = tf.round(tf.cast(length, tf.float64) * mask_rate)
+    wanted = tf.minimum(max_predictions, tf.maximum(1, tf.cast(n, tf.int32)))
+    return tf.minimum(wanted, tf.cast(num_maskable, tf.int32))
 
 
 def _sorted_positions(chosen_NL: tf.Tensor, max_predictions: int):
@@ -104,13 +110,14 @@ def _choose_words(ids_NL, maskable_NL, n_pred_N, max_predictions, word_start_V, 
     return chosen_NL, word_NL
 
 
-def mask_batch(ids_NL: tf.Tensor, maskable_NL: tf.Tensor, seed: tf.Tensor, *,
-               max_predictions: int, mask_rate: float, mask_prob: float, random_prob: float,
-               mask_id: int, random_ids: tf.Tensor,
+def mask_batch(ids_NL: tf.Tensor, maskable_NL: tf.Tensor, lengths_N: tf.Tensor,
+               seed: tf.Tensor, *, max_predictions: int, mask_rate: float, mask_prob: float,
+               random_prob: float, mask_id: int, random_ids: tf.Tensor,
                word_start: tf.Tensor | None = None) -> dict[str, tf.Tensor]:
-    """Masks input_ids [N, L]; returns input_ids and the masked_lm_* features ([N, P])."""
+    """Masks input_ids [N, L] of sequences `lengths_N` tokens long (specials included);
+    returns input_ids and the masked_lm_* features ([N, P])."""
     choose_seed, action_seed, token_seed = tf.unstack(tf.random.split(seed, 3))
-    n_pred_N = num_predictions(tf.reduce_sum(tf.cast(maskable_NL, tf.int32), axis=1),
+    n_pred_N = num_predictions(lengths_N, tf.reduce_sum(tf.cast(maskable_NL, tf.int32), axis=1),
                                max_predictions, mask_rate)
     if word_start is None:
         positions_NP, valid_NP = _choose_tokens(maskable_NL, n_pred_N, max_predictions,

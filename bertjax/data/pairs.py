@@ -4,23 +4,34 @@ Works on a whole block of documents at once so tf.data runs it in its C++ thread
 instance starts depends on where the previous one ended; those chains are followed for all
 of a block's documents together by pointer doubling, so no op runs per instance or per token.
 
-Per document, as google-research/bert `create_instances_from_document`:
+Instances are made per *part*: a document, or for a document longer than the pipeline's part
+size (book-length ones) a run of its whole sentences of about that size (see
+`examples.document_parts`), so that a block of the epoch holds many documents' worth of
+parts and a batch is not drawn from a handful of books. Within a part, as google-research/bert
+`create_instances_from_document` does per document:
 - target length = max_num_tokens (max_seq_length - 3), or with probability `short_seq_prob` a
   uniform one in [2, max_num_tokens]; whole sentences fill a chunk until it reaches the target
   or the document ends;
 - A = the first `a_end` sentences of the chunk, `a_end` uniform in [1, len(chunk) - 1] (1 for a
   one-sentence chunk); with probability 0.5, or always for a one-sentence chunk, B = sentences
-  of a *different* document from a random sentence on, filled to target - len(A), and the
-  chunk's unused sentences are put back (the next instance starts after A); else B = the rest
-  of the chunk;
+  of a *different* document (uniform over the other documents, not parts) from a uniform
+  start sentence on, filled to target - len(A), and the chunk's unused sentences are put
+  back (the next instance starts after A); else B = the rest of the chunk;
 - the pair is truncated to the target by dropping tokens from the longer side, each from the
   front or the back with probability 1/2 (drawn as a binomial count, which is the same
   distribution as the original's token-by-token coin flips).
 
-Two deliberate differences from the original, both so that `short_seq_prob` means what its
-comment says ("10% of the time"): the target is drawn per instance, not once per document
-(which made the share of short examples depend on document lengths), and a pair is truncated
-to its target, not to max_num_tokens (so a short target gives a short sequence).
+Deliberate differences from the original. Two so that `short_seq_prob` means what its comment
+says ("10% of the time"): the target is drawn per instance, not once per document (which made
+the share of short examples depend on document lengths: in the original the one document in
+ten with a short target yields several times the instances of the others, so about a fifth of
+all instances are short), and a pair is truncated to its target, not to max_num_tokens (so a
+short target gives a short sequence). Drawing per instance makes 5-11% fewer instances per
+epoch than the original (seq 128 / 512, on the synthetic documents of
+tests/test_pretraining_recipe.py, against its port of the original's loop; with
+short_seq_prob = 0 the counts agree). And a chunk never
+spans a part boundary, as it never spans a document: for documents longer than a part, about
+half an instance more per part boundary.
 
 Without NSP (`single_spans`) a document is cut into consecutive runs of tokens, each of the
 target length (max_seq_length - 2, or short as above), ignoring sentence boundaries: nothing
@@ -39,10 +50,12 @@ import tensorflow as tf
 
 @dataclasses.dataclass(frozen=True)
 class PoolTensors:
-    """The host's documents as TF constants (see document_pool.DocumentPool)."""
+    """The host's documents as TF constants (see document_pool.DocumentPool) and their parts."""
     tokens: tf.Tensor           # uint16/int32 [T]
     sentence_starts: tf.Tensor  # int64 [S+1]
     document_starts: tf.Tensor  # int64 [D+1]
+    part_starts: tf.Tensor      # int64 [U+1]: sentence offset where each part starts, then S
+    part_document: tf.Tensor    # int64 [U]: the document each part belongs to
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,19 +114,19 @@ def _chains(next_local: tf.Tensor, starts: tf.Tensor) -> tf.Tensor:
     return tf.where(marked[:-1] > 0)[:, 0]
 
 
-def nsp_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
+def nsp_spans(part_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
               max_num_tokens: int, short_seq_prob: float) -> tuple[Spans, tf.Tensor]:
-    """Sentence pairs from the documents `doc_ids` [K]; returns (spans, targets [N]).
+    """Sentence pairs from the parts `part_ids` [K]; returns (spans, targets [N]).
 
     Every sentence of the block gets its draws (target, split, coin, other document) as if an
-    instance started there; the instances are the chains of 'next start' from each document's
+    instance started there; the instances are the chains of 'next start' from each part's
     first sentence. Draws are keyed on (seed, sentence number in the block).
     """
-    sent, docs = pool.sentence_starts, pool.document_starts
-    doc_ids = tf.cast(doc_ids, tf.int64)
-    first = tf.gather(docs, doc_ids)
-    row, cur, row_start = _block_rows(first, tf.gather(docs, doc_ids + 1) - first)
-    end = tf.gather(docs, tf.gather(doc_ids, row) + 1)
+    sent, docs, parts = pool.sentence_starts, pool.document_starts, pool.part_starts
+    part_ids = tf.cast(part_ids, tf.int64)
+    first = tf.gather(parts, part_ids)
+    row, cur, row_start = _block_rows(first, tf.gather(parts, part_ids + 1) - first)
+    end = tf.gather(parts, tf.gather(part_ids, row) + 1)
     u = tf.random.stateless_uniform([tf.shape(cur)[0], 6], seed, dtype=tf.float64)
 
     target = _targets(u[:, 0], u[:, 1], max_num_tokens, short_seq_prob)
@@ -128,7 +141,7 @@ def nsp_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
     chosen = _chains(next_local, row_start)
     cur, a_end, chunk_end, target, random_next, u = (
         tf.gather(x, chosen) for x in (cur, a_end, chunk_end, target, random_next, u))
-    doc = tf.gather(doc_ids, tf.gather(row, chosen))
+    doc = tf.gather(pool.part_document, tf.gather(part_ids, tf.gather(row, chosen)))
     a0, a1 = tf.gather(sent, cur), tf.gather(sent, a_end)
 
     # B from another document: draw among D - 1 and skip A's own, so it always differs.
@@ -148,18 +161,18 @@ def nsp_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
     return spans, target
 
 
-def single_spans(doc_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
+def single_spans(part_ids: tf.Tensor, seed: tf.Tensor, pool: PoolTensors, *,
                  max_num_tokens: int, short_seq_prob: float) -> tuple[Spans, tf.Tensor]:
-    """Consecutive token runs of each document (no B, for training without NSP).
+    """Consecutive token runs of each part (no B, for training without NSP).
 
-    Instance k of a document starts where instance k - 1 ended, so starts are a cumulative
-    sum of targets drawn per (seed, document slot, k); a document of n tokens has at most
+    Instance k of a part starts where instance k - 1 ended, so starts are a cumulative
+    sum of targets drawn per (seed, part slot, k); a part of n tokens has at most
     ceil(n / 2) instances (targets are at least 2), which bounds the draws.
     """
-    sent, docs = pool.sentence_starts, pool.document_starts
-    doc_ids = tf.cast(doc_ids, tf.int64)
-    start = tf.gather(sent, tf.gather(docs, doc_ids))
-    end = tf.gather(sent, tf.gather(docs, doc_ids + 1))
+    sent, parts = pool.sentence_starts, pool.part_starts
+    part_ids = tf.cast(part_ids, tf.int64)
+    start = tf.gather(sent, tf.gather(parts, part_ids))
+    end = tf.gather(sent, tf.gather(parts, part_ids + 1))
     row, _, row_start = _block_rows(tf.zeros_like(start), (end - start + 1) // 2)
     u = tf.random.stateless_uniform([tf.shape(row)[0], 2], seed, dtype=tf.float64)
     target = _targets(u[:, 0], u[:, 1], max_num_tokens, short_seq_prob)

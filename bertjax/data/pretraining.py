@@ -18,7 +18,9 @@ other ports), and random access into memory is both exact and fast. The limit is
 memory: 2 bytes per token (4 for vocabularies over 65,536 ids), about 2 GB per billion tokens.
 
 Every epoch visits the host's documents in a new seeded permutation (`index_shuffle`), in
-blocks of about `shuffle_tokens` tokens (`examples.epoch_blocks`). One tf.data map
+blocks of about `shuffle_tokens` tokens (`examples.epoch_blocks`); documents longer than
+a part (1/64 of a block, but at least 32 sequences) are visited in parts
+(`examples.document_parts`), so a block mixes dozens of documents, books included. One tf.data map
 call turns a whole block into examples with TF ops (`pairs`, then `masking`) and shuffles
 them: that is the mixing window, in place of a shuffle buffer whose contents a checkpoint
 could not hold cheaply. Every random draw is a stateless op seeded by (seed, host, epoch,
@@ -120,19 +122,23 @@ class _Pipeline:
             mask_id=vocab.mask_id, token_dtype=tf.as_dtype(pool.tokens.dtype))
         word_start = vocab.word_start if recipe.whole_word_masking else np.zeros(1, bool)
         self._keys = [tf.constant(x, tf.int64) for x in (seed, process_index, shuffle_tokens)]
+        part_starts, part_document = examples.document_parts(
+            pool.sentence_starts, pool.document_starts,
+            examples.part_tokens(shuffle_tokens, recipe.max_seq_length))
         self._pool = [tf.constant(pool.tokens), tf.constant(pool.sentence_starts),
-                      tf.constant(pool.document_starts), tf.constant(vocab.random_ids()),
+                      tf.constant(pool.document_starts), tf.constant(part_starts),
+                      tf.constant(part_document), tf.constant(vocab.random_ids()),
                       tf.constant(np.asarray(word_start, bool))]
-        self._document_tokens = tf.constant(np.diff(pool.sentence_starts[pool.document_starts]))
+        self._part_tokens = tf.constant(np.diff(pool.sentence_starts[part_starts]))
 
     def blocks_in_epoch(self, epoch: int) -> int:
         return int(examples.epoch_blocks(tf.constant(epoch, tf.int64), *self._keys,
-                                         self._document_tokens).shape[0])
+                                         self._part_tokens).shape[0])
 
     def blocks(self, epochs: tf.data.Dataset) -> tf.data.Dataset:
         """(epoch, block, first slot, end slot) of every block of `epochs`, in order."""
         def one_epoch(epoch):
-            bounds = examples.epoch_blocks(epoch, *self._keys, self._document_tokens)
+            bounds = examples.epoch_blocks(epoch, *self._keys, self._part_tokens)
             count = tf.shape(bounds, out_type=tf.int64)[0]
             return tf.data.Dataset.from_tensor_slices(
                 (tf.fill([count], epoch), tf.range(count), bounds[:, 0], bounds[:, 1]))

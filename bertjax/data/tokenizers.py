@@ -150,8 +150,11 @@ class WordPieceTokenizer(Tokenizer):
     """BERT's WordPiece from a vocab.txt; the same ids as `transformers.BertTokenizer`.
 
     `strip_accents=None` follows `lowercase`, as in BERT: uncased vocabularies strip accents,
-    cased ones keep them. Special tokens written literally in the text ("[MASK]") are kept as
-    single tokens, as `transformers` does, so fill-mask prompts work. Where the Rust library's
+    cased ones keep them. Text never yields a special id: "[SEP]" written in a document is
+    `[`, `sep`, `]`, as google-research/bert's tokenizer has it, so a corpus cannot forge a
+    separator or an untargeted mask (`transformers.BertTokenizer` instead maps it to the
+    special id). Fill-mask prompts place their mask ids themselves (`predict.encode_masked`).
+    Where the Rust library's
     Unicode tables and Python's disagree (a few rare punctuation marks in cased mode, characters
     newer than the Rust tables) the ids follow the Rust library, as `BertTokenizerFast` does.
     """
@@ -161,7 +164,7 @@ class WordPieceTokenizer(Tokenizer):
 
     def __init__(self, vocab_file: str, lowercase: bool = True, strip_accents: bool | None = None,
                  handle_chinese_chars: bool = True, max_input_chars_per_word: int = 100):
-        from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
+        from tokenizers import decoders, models, normalizers, pre_tokenizers
         from tokenizers import Tokenizer as RustTokenizer
 
         self.path = vocab_file = os.fspath(vocab_file)
@@ -188,8 +191,6 @@ class WordPieceTokenizer(Tokenizer):
             strip_accents=strip_accents, lowercase=lowercase)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
-        tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in SPECIAL_TOKENS])
         self._tok = tok
 
     def __repr__(self) -> str:
@@ -237,8 +238,8 @@ class WordPieceTokenizer(Tokenizer):
 # ---------------------------------------------------------------------------------------------
 # SentencePiece
 
-# Piece types of sentencepiece_model.proto that the word-start rule tells apart.
-_NORMAL, _BYTE = 1, 6
+# Piece types of sentencepiece_model.proto.
+_NORMAL, _CONTROL, _USER_DEFINED, _BYTE = 1, 3, 4, 6
 
 
 def is_cjk_ideograph(cp: int) -> bool:
@@ -257,7 +258,11 @@ def _is_unspaced(char: str) -> bool:
 class SentencePieceTokenizer(Tokenizer):
     """A SentencePiece `.model` that holds the BERT special tokens as pieces.
 
-    `num_threads` is what `encode_batch` uses (-1: one per core).
+    Text never yields a special id. SentencePiece matches user-defined pieces inside the text,
+    so a model that declares [CLS], [SEP] or [MASK] that way (the usual recipe for BERT
+    vocabularies, and how bertjax trained them before) would turn "[SEP]" in a document into
+    a separator; such pieces are loaded as control pieces, which keep their ids but are never
+    produced from text. `num_threads` is what `encode_batch` uses (-1: one per core).
     """
 
     kind = "sentencepiece"
@@ -278,6 +283,12 @@ class SentencePieceTokenizer(Tokenizer):
         self._proto = sentencepiece_model_pb2.ModelProto()
         try:
             self._proto.ParseFromString(_model_proto)
+            forgeable = [p for p in self._proto.pieces
+                         if p.piece in SPECIAL_TOKENS and p.type == _USER_DEFINED]
+            for piece in forgeable:
+                piece.type = _CONTROL
+            if forgeable:
+                _model_proto = self._proto.SerializeToString()
             self._sp = spm.SentencePieceProcessor(model_proto=_model_proto)
         except Exception as e:  # protobuf DecodeError or sentencepiece's RuntimeError
             raise ValueError(f"{model_file!r} is not a SentencePiece model: {e}") from None
@@ -394,7 +405,7 @@ def train_sentencepiece(sentences: Iterable[str], vocab_size: int, output_dir: s
             byte_fallback=byte_fallback,
             normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
             pad_id=0, pad_piece="[PAD]", unk_id=1, unk_piece="[UNK]", bos_id=-1, eos_id=-1,
-            user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"], input_sentence_size=0,
+            control_symbols=["[CLS]", "[SEP]", "[MASK]"], input_sentence_size=0,
             num_threads=num_threads, minloglevel=2)
     except RuntimeError as e:
         raise ValueError(f"SentencePiece training with vocab_size={vocab_size} failed on "

@@ -18,8 +18,12 @@ import jax.numpy as jnp
 
 Dtype = Any
 
+# "gelu" is the exact x * Phi(x) (erf): google-research/bert's first release (October 2018)
+# computed it so, and Hugging Face reads the "gelu" of the released bert_config.json files so.
+# The repository's modeling.py has used the tanh approximation since February 2019 (commit
+# bee6030, "Adding TF Hub support"): that is "gelu_tanh". They differ by at most 4.7e-4.
 ACTIVATIONS = {
-    "gelu": functools.partial(nn.gelu, approximate=False),  # erf, as the original
+    "gelu": functools.partial(nn.gelu, approximate=False),
     "gelu_tanh": functools.partial(nn.gelu, approximate=True),
     "gelu_new": functools.partial(nn.gelu, approximate=True),  # Hugging Face's name for it
     "relu": nn.relu,

@@ -3,7 +3,16 @@
 `bert_adamw` is the optimizer of the original release (`AdamWeightDecayOptimizer`): Adam
 moments without bias correction, decoupled weight decay added to the update (so it is scaled
 by the learning rate) and skipped for LayerNorm parameters and biases, after global-norm
-clipping. `adamw` is the usual bias-corrected AdamW, `lamb` the large-batch optimizer.
+clipping. `adamw` is the usual bias-corrected AdamW.
+
+`lamb` is LAMB as NVIDIA and TensorFlow Addons run it for BERT: bias-corrected Adam, decoupled
+weight decay, then the layer-wise trust ratio ||p|| / ||update|| -- except for LayerNorm
+parameters and biases (the MLM output bias included), which get neither decay nor the ratio
+(tf-addons `exclude_from_layer_adaptation`, which defaults to the weight-decay exclusions; apex
+`multi_tensor_lamb` skips the ratio where decay is off). Scaled by the ratio, a parameter that
+starts at zero would take one full step and then almost none. The exclusions go by parameter
+kind, as in tf-addons, so `weight_decay=0` still gives the weights their trust ratio; apex
+would then drop the ratio everywhere and run plain Adam.
 """
 
 from __future__ import annotations
@@ -87,8 +96,11 @@ def make_optimizer(name: str, schedule: optax.Schedule, *, b1: float, b2: float,
         core = optax.adamw(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
                            mask=decay_mask)
     elif name == "lamb":
-        core = optax.lamb(schedule, b1=b1, b2=b2, eps=eps, weight_decay=weight_decay,
-                          mask=decay_mask)
+        # optax.lamb's mask covers the decay only; its trust ratio would scale every leaf.
+        core = optax.chain(optax.scale_by_adam(b1, b2, eps),
+                           optax.add_decayed_weights(weight_decay, decay_mask),
+                           optax.masked(optax.scale_by_trust_ratio(), decay_mask),
+                           optax.scale_by_learning_rate(schedule))
     else:
         raise ValueError(f"optimizer.name {name!r}: expected one of {', '.join(OPTIMIZERS)}")
     if clip_norm > 0:
