@@ -211,7 +211,7 @@ def test_instances_per_document_match_the_original(seq_len, short_seq_prob):
 
 def masked(lengths, seed, **kw):
     """mask_batch on rows [CLS] text [SEP] text [SEP] of ids 10, 11, ... (specials 0-4)."""
-    rows, width = len(lengths), max(lengths)
+    width = max(lengths)
     pos = np.arange(width)[None]
     text = (pos >= 1) & (pos < np.array(lengths)[:, None] - 1) & (pos != 5)
     ids = np.where(text, 10 + pos, np.where(pos < np.array(lengths)[:, None], 3, 0))
