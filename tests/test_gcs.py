@@ -81,7 +81,7 @@ def test_prepare_pretrain_resume_finetune_predict_all_on_gcs(gcs, tmp_path, monk
     assert {"2", "4"} <= saved, saved
     records = [json.loads(line) for line in
                gcs.download(BUCKET, "pretrain/metrics.jsonl").decode().splitlines()]
-    assert [r["step"] for r in records if "loss" in r] == [1, 2, 3, 4]
+    assert [r["step"] for r in records if "loss" in r] == [2, 4]  # logged every 2 steps, once
     assert any(n.startswith("pretrain/tensorboard/events.out.tfevents")
                for n in gcs.objects(BUCKET, "pretrain/tensorboard/"))
     assert "pretrain/model/config.json" in gcs.objects(BUCKET, "pretrain/model/")
