@@ -144,6 +144,9 @@ def run_mode(config, workdir: str) -> dict:
     stopped it after saving)."""
     if config.mode not in MODES:
         raise ValueError(f"config.mode {config.mode!r}: expected one of {', '.join(MODES)}")
+    if config.train.compilation_cache_dir:
+        import jax
+        jax.config.update("jax_compilation_cache_dir", config.train.compilation_cache_dir)
     module, function = MODES[config.mode].split(":")
     return getattr(importlib.import_module(module), function)(config, workdir)
 
@@ -162,5 +165,7 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    import jax
+    jax.config.config_with_absl()  # JAX's own flags too: --jax_platforms=cpu, ...
     flags.mark_flags_as_required(["config", "workdir"])
     app.run(main, flags_parser=parse_flags)

@@ -13,7 +13,9 @@ and warmup, as the original does with --init_checkpoint. AdamW without bias corr
       --config.data.shard_dir=gs://BUCKET/corpus --config.init_checkpoint=gs://BUCKET/base-phase1
 
 On a TPU pod or GPU nodes, run the same command through `launch/` (see launch/README.md).
-bfloat16 compute on accelerators: --config.model.dtype=bfloat16. Large global batches:
+Compute is bfloat16 on GPUs and TPUs, float32 on CPUs (model.dtype=auto; parameters stay
+float32). Restarts after a preemption reuse compiled programs with
+--config.train.compilation_cache_dir=gs://BUCKET/jax-cache. Large global batches:
 --config.optimizer.name=lamb with a higher learning rate (e.g. 8k sequences, lr 1.76e-3).
 """
 

@@ -6,10 +6,11 @@ from phase 1's parameters; batch 256, original AdamW, lr 1e-4, 10k warmup.
   python -m bertjax.prepare --input='corpus/*.txt' \\
       --tokenizer=uncased_L-12_H-768_A-12/vocab.txt --output=gs://BUCKET/corpus
   python -m bertjax.main --config=configs/large.py --workdir=gs://BUCKET/large-phase1 \\
-      --config.data.shard_dir=gs://BUCKET/corpus --config.model.dtype=bfloat16
+      --config.data.shard_dir=gs://BUCKET/corpus
   python -m bertjax.main --config=configs/large.py:phase2 --workdir=gs://BUCKET/large-phase2 \\
-      --config.data.shard_dir=gs://BUCKET/corpus --config.model.dtype=bfloat16 \\
-      --config.init_checkpoint=gs://BUCKET/large-phase1
+      --config.data.shard_dir=gs://BUCKET/corpus --config.init_checkpoint=gs://BUCKET/large-phase1
+
+Compute is bfloat16 on GPUs and TPUs, float32 on CPUs (model.dtype=auto).
 
 Phase 2 at length 512 needs activation memory: add --config.model.remat=True, or
 --config.optimizer.grad_accum_steps=N to run the 256 sequences as N micro-batches. To shard

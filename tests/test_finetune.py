@@ -222,10 +222,17 @@ def test_command_line_fine_tunes_and_predicts(tmp_path, tiny_dir, files):
          f"--config.task.train_file={files['train']}", f"--config.task.eval_files={files['dev']}",
          "--config.task.max_seq_length=16", "--config.train.global_batch_size=16",
          "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
-         "--config.mesh.shape=(1,1,-1)"],
+         "--config.mesh.shape=(1,1,-1)", "--config.train.profile_steps=(1,3)",
+         f"--config.train.compilation_cache_dir={tmp_path / 'jax-cache'}",
+         "--jax_platforms=cpu"],  # JAX's own flags are accepted too
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     assert "eval dev at step 4 (epoch 1): accuracy" in run.stdout
+    # A pod user can tell a slow compile from a hang: what runs where, and the first step.
+    assert "process 0 of 1 | " in run.stdout and " parameters, float32 compute" in run.stdout
+    assert "first step (compiling included) in" in run.stdout
+    assert list((workdir / "profile").rglob("*.xplane.pb")), "no trace of steps 1-2"
+    assert list((tmp_path / "jax-cache").iterdir()), "nothing in the compilation cache"
     assert json.loads((workdir / "eval_results.json").read_text())["sets"]["dev"]["final"]
 
     predict = subprocess.run(

@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
@@ -131,3 +132,27 @@ def test_two_processes_preempted_and_resumed_train_exactly_like_one(tmp_path):
     # Both processes wrote their shards of each checkpoint; the exported model is complete.
     assert sorted(os.listdir(tmp_path / "two" / "checkpoints"))[-1] == "6"
     assert os.path.exists(tmp_path / "two" / "model" / "config.json")
+
+
+def test_compute_is_bfloat16_on_accelerators_and_float32_on_cpu(monkeypatch):
+    import jax.numpy as jnp
+    from bertjax.training import pretrain
+    assert pretrain.compute_dtype("auto") == jnp.float32  # these tests run on the CPU
+    for backend in ("gpu", "tpu"):
+        monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
+        assert pretrain.compute_dtype("auto") == jnp.bfloat16
+    assert pretrain.compute_dtype("float32") == jnp.float32
+
+
+@pytest.mark.parametrize("kind, peak", [("TPU v5 lite", 197e12), ("TPU v5p", 459e12),
+                                        ("TPU v6 lite", 918e12), ("TPU7x", 2307e12),
+                                        ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H100 80GB HBM3", 989e12),
+                                        ("NVIDIA H200", 989e12), ("NVIDIA B200", 2250e12),
+                                        ("NVIDIA A100-SXM4-80GB", 312e12)])
+def test_mfu_counts_against_the_chips_datasheet_peak(kind, peak):
+    from types import SimpleNamespace
+    from bertjax.training import metrics
+    devices = [SimpleNamespace(device_kind=kind)] * 4
+    assert metrics.peak_flops(devices) == 4 * peak
+    assert metrics.peak_flops(devices, per_device=1e12) == 4e12  # the config overrides it

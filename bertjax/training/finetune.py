@@ -33,7 +33,7 @@ from bertjax.models.heads import init_params
 from bertjax.tasks import base as tasks
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
-from bertjax.training.pretrain import DTYPES
+from bertjax.training.pretrain import compute_dtype
 from bertjax.training.trainer import Objective, Trainer, batched_outputs
 from bertjax.training.trainer import with_shardings
 
@@ -50,7 +50,7 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
     return dataclasses.replace(
         base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
-        dtype=DTYPES[model.dtype])
+        dtype=compute_dtype(model.dtype))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
@@ -184,9 +184,11 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     host_state = trainer.start(initial_params, train_cfg.restore_fallback) or {}
     history = host_state.get("history", [])
     flops = metrics_lib.encoder_flops_per_sequence(cfg, seq_len) * batch_size
-    peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat), 0.0)
+    peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat),
+                                  train_cfg.peak_flops_per_device)
     log = metrics_lib.TrainingLog(workdir, total, train_cfg.log_every, batch_size, flops, peak,
                                   config.quiet, host_state.get("window", []))
+    log.console.print(trainer.describe(cfg.dtype))
 
     def evaluate(at: int, sets: list[tasks.TaskSet]) -> None:
         for taskset in sets:
@@ -212,7 +214,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                                     config.seed, trainer.step),
             log, eval_due=epoch_end, save_due=epoch_end,
             evaluate=lambda at: evaluate(at, data.evals),
-            host_state=lambda: {"history": history, "window": log.window})
+            host_state=lambda: {"history": history, "window": log.window},
+            profile_steps=tuple(train_cfg.profile_steps))
         if trainer.resumed_from == total:  # the run had already finished: report it again
             evaluate(step, data.evals)
         results = best_and_final(history, best_metric)

@@ -16,7 +16,7 @@ from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.tasks import base as tasks
-from bertjax.training.pretrain_config import DEFAULT_RULES, DTYPES
+from bertjax.training.pretrain_config import DEFAULT_RULES, DTYPES, check_profile_steps
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -71,7 +71,8 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
 
     config.model = ml_collections.ConfigDict()
-    config.model.dtype = "float32"  # compute dtype; parameters stay float32
+    # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
+    config.model.dtype = "auto"
     config.model.hidden_dropout_prob = 0.1
     config.model.attention_probs_dropout_prob = 0.1
     config.model.remat = False
@@ -103,6 +104,9 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.eval_batch_size = 64  # global; evaluation pads its last batch
     config.train.log_every = 50
     config.train.keep_checkpoints = 2  # saved at every epoch end (and on preemption)
+    config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
+    config.train.profile_steps = (0, 0)  # as in pretraining: (first, last + 1) to trace
+    config.train.compilation_cache_dir = ""  # as in pretraining
     # A checkpoint that fails verification on resume is reported, removed and the next
     # older one used; False makes it an error instead.
     config.train.restore_fallback = True
@@ -133,6 +137,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
     if config.model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
                          f"{', '.join(DTYPES)}")
+    check_profile_steps(train.profile_steps)
     if config.optimizer.head_lr_multiplier <= 0:
         raise ValueError(f"optimizer.head_lr_multiplier {config.optimizer.head_lr_multiplier}: "
                          f"expected > 0")

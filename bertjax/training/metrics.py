@@ -28,18 +28,32 @@ from bertjax.models.bert import BertConfig
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
-# Dense bf16 peak FLOP/s per chip, from the vendors' data sheets (device_kind prefixes).
+# Dense (not sparse) bf16 peak FLOP/s per chip from the vendors' data sheets, by device_kind
+# prefix (the first match wins, so specific names come first). Chips not listed: set
+# train.peak_flops_per_device.
 PEAK_FLOPS = {
-    "TPU v4": 275e12,
+    "TPU7x": 2307e12,  # Ironwood
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
     "TPU v5 lite": 197e12,
     "TPU v5e": 197e12,
     "TPU v5p": 459e12,
     "TPU v5": 459e12,
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
+    "TPU v4": 275e12,
+    "TPU v3": 123e12,
+    "TPU v2": 45e12,
+    "NVIDIA GB200": 2500e12,
+    "NVIDIA B200": 2250e12,
+    "NVIDIA H100 PCIe": 756e12,
     "NVIDIA H100": 989e12,
     "NVIDIA H200": 989e12,
+    "NVIDIA H800": 989e12,
     "NVIDIA A100": 312e12,
+    "NVIDIA A800": 312e12,
+    "NVIDIA L40S": 362e12,
+    "NVIDIA L4": 121e12,
+    "NVIDIA A10": 125e12,
+    "Tesla V100": 125e12,  # float16: V100 has no bfloat16
 }
 
 

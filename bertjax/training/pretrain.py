@@ -28,7 +28,11 @@ from bertjax.training.trainer import Objective, Trainer
 
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+def compute_dtype(name: str):
+    """The model's compute dtype: `auto` is bfloat16 on accelerators, float32 on CPUs."""
+    if name == "auto":
+        name = "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 RUN_CONFIG = "run_config.json"  # the run's full config, written when it starts
 _MLM_EPS = 1e-5  # the original adds it to the weight total
 
@@ -60,7 +64,7 @@ def model_config(model: Any, vocab_size: int) -> BertConfig:
         max_position_embeddings=model.max_position_embeddings,
         hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob,
-        pre_layer_norm=model.pre_layer_norm, remat=model.remat, dtype=DTYPES[model.dtype])
+        pre_layer_norm=model.pre_layer_norm, remat=model.remat, dtype=compute_dtype(model.dtype))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
@@ -199,6 +203,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
     log = metrics_lib.TrainingLog(workdir, train_cfg.num_steps, train_cfg.log_every,
                                   batch_size, flops, peak, config.quiet,
                                   host_state.get("window", []))
+    log.console.print(trainer.describe(cfg.dtype))
 
     def evaluate(at: int) -> None:
         totals = None
@@ -216,7 +221,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
             eval_due=lambda s: bool(evaluating) and s % train_cfg.eval_every == 0,
             save_due=lambda s: s % train_cfg.checkpoint_every == 0, evaluate=evaluate,
             host_state=lambda: {"data_positions": _gather_positions(iterator.position()),
-                                "window": log.window, "process_count": jax.process_count()})
+                                "window": log.window, "process_count": jax.process_count()},
+            profile_steps=tuple(train_cfg.profile_steps))
     finally:
         log.close()
     if not preempted and step == train_cfg.num_steps:

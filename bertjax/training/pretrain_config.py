@@ -46,7 +46,8 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.model.attention_probs_dropout_prob = 0.1
     config.model.pre_layer_norm = False
     config.model.remat = False
-    config.model.dtype = "float32"  # compute dtype; parameters stay float32
+    # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
+    config.model.dtype = "auto"
 
     config.data = ml_collections.ConfigDict()
     config.data.shard_dir = ""  # output of `python -m bertjax.prepare`
@@ -93,10 +94,22 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # older one used; False makes it an error instead.
     config.train.restore_fallback = True
     config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
+    # Steps (first, last + 1) to trace with the JAX profiler into WORKDIR/profile (TensorBoard's
+    # profile plugin or Perfetto read it); (0, 0): none.
+    config.train.profile_steps = (0, 0)
+    # A persistent compilation cache, so a restarted run (after a preemption) does not compile
+    # again; '' keeps JAX's default (none). A gs:// path works, shared by all hosts.
+    config.train.compilation_cache_dir = ""
     return config
 
 
-DTYPES = ("float32", "bfloat16")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def check_profile_steps(steps) -> None:
+    if len(steps) != 2 or not 0 <= steps[0] <= steps[1]:
+        raise ValueError(f"train.profile_steps {tuple(steps)}: expected (first, last + 1) with "
+                         f"0 <= first <= last + 1; (0, 0) for none")
 
 
 def validate(config: ml_collections.ConfigDict) -> None:
@@ -111,6 +124,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"train.{key} is {train[key]}: expected 0 (none) or more")
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
+    check_profile_steps(train.profile_steps)
     if data.max_seq_length > model.max_position_embeddings:
         raise ValueError(f"data.max_seq_length {data.max_seq_length} exceeds "
                          f"model.max_position_embeddings {model.max_position_embeddings}")

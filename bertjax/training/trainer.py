@@ -12,6 +12,7 @@ host one step late), the checkpoint cadence, preemption (SIGTERM) and the diverg
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import flax
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from bertjax import files
 from bertjax.training import checkpoints, integrity, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 
@@ -212,14 +214,25 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------
 
+    def describe(self, compute_dtype) -> str:
+        """The run's start-up line: processes, devices, mesh, model size, batch."""
+        devices = list(self.mesh.devices.flat)
+        mesh = " x ".join(f"{n} {a}" for a, n in self.mesh.shape.items())
+        params = sum(x.size for x in jax.tree.leaves(self.abstract_params))
+        return (f"process {jax.process_index()} of {jax.process_count()} | {len(devices)} "
+                f"{devices[0].platform} devices ({devices[0].device_kind}) | mesh {mesh} | "
+                f"{params:,} parameters, {jnp.dtype(compute_dtype).name} compute | global batch "
+                f"{self.global_batch_size}")
+
     def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog, *,
             eval_due: Callable[[int], bool], save_due: Callable[[int], bool],
-            evaluate: Callable[[int], None], host_state: Callable[[], dict]
-            ) -> tuple[int, bool]:
+            evaluate: Callable[[int], None], host_state: Callable[[], dict],
+            profile_steps: tuple[int, int] = (0, 0)) -> tuple[int, bool]:
         """Trains to step `total` on `batches` (this process's rows), evaluating and saving
         after the steps `eval_due` and `save_due` name, and saving at the end and on SIGTERM;
         returns (step reached, preempted). `host_state()` is what a checkpoint keeps of the
-        client (JSON).
+        client (JSON). Steps [profile_steps[0], profile_steps[1]) are traced with the JAX
+        profiler into WORKDIR/profile.
 
         A checkpoint never holds a diverged state: the step's metrics are checked before
         every save. On SIGTERM the step is saved and the loop stops.
@@ -229,11 +242,25 @@ class Trainer:
         if self.resumed_from is not None:
             log.console.print(f"resumed from step {self.resumed_from} "
                               f"({self.checkpoints.directory})")
+        first, tracing = step, False
+        started = time.perf_counter()
         try:
             while step < total:
+                if step == profile_steps[0] < profile_steps[1]:
+                    jax.profiler.start_trace(str(files.path(self.workdir) / "profile"))
+                    tracing = True
                 self.state, step_metrics = self.train_step(
                     self.state, self.global_batch(next(batches)), self.rng)
                 step += 1
+                if step == first + 1:
+                    jax.block_until_ready(step_metrics)
+                    log.console.print(f"first step (compiling included) in "
+                                      f"{time.perf_counter() - started:.1f} s")
+                if tracing and step >= profile_steps[1]:
+                    jax.profiler.stop_trace()
+                    tracing = False
+                    log.console.print(f"profile of steps {profile_steps[0]}-"
+                                      f"{profile_steps[1] - 1} in {self.workdir}/profile")
                 if pending is not None:
                     log.record(*pending, self.checkpoints.directory)
                 pending = (step, step_metrics)
@@ -258,6 +285,8 @@ class Trainer:
             if pending is not None:
                 log.record(*pending, self.checkpoints.directory)
         finally:
+            if tracing:
+                jax.profiler.stop_trace()
             self.checkpoints.close()
         return step, preempted
 
