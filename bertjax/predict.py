@@ -89,7 +89,7 @@ def task_main(command: str) -> None:
             print(predictor.task.format_record(record))
 
 
-def _commands() -> dict:
+def commands() -> dict:
     """Command name -> function: fill-mask, and one per task family (classify, tag, qa...)."""
     from bertjax.tasks import base as tasks
     commands = sorted({tasks.get(name).command for name in tasks.names()})
@@ -97,14 +97,14 @@ def _commands() -> dict:
 
 
 def main(argv: list[str]) -> None:
-    commands = _commands()
-    if len(argv) != 2 or argv[1] not in commands:
+    available = commands()
+    if len(argv) != 2 or argv[1] not in available:
         raise app.UsageError(f"usage: python -m bertjax.predict COMMAND [flags]; COMMAND is "
-                             f"one of {', '.join(commands)}")
+                             f"one of {', '.join(available)}")
     if not flags.FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # Orbax logs every restore at INFO
     with cli.one_line_errors("bertjax.predict"):
-        commands[argv[1]]()
+        available[argv[1]]()
 
 
 if __name__ == "__main__":

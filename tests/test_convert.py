@@ -239,7 +239,7 @@ def test_strict_cli_refuses_extra_heads_in_one_line(hf_dir, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     error = proc.stderr.strip().splitlines()[-1]
-    assert error.startswith("error:") and all(k in error for k in TASK_HEADS)
+    assert error.startswith("bertjax.convert: error:") and all(k in error for k in TASK_HEADS)
     assert not os.path.exists(out)
 
 

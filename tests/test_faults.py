@@ -131,7 +131,7 @@ def _load(directory: str):
     from bertjax.data import pretraining, tokenizers
     vocab = pretraining.Vocab.from_tokenizer(tokenizers.load_tokenizer(directory))
     return pretraining.pretraining_dataset(directory, vocab=vocab, max_seq_length=32,
-                                           max_predictions_per_seq=4, global_batch_size=4,
+                                           max_predictions_per_seq=5, global_batch_size=4,
                                            seed=0)
 
 

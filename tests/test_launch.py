@@ -413,9 +413,10 @@ def test_preempted_tpu_run_is_recreated_and_rerun_on_the_same_workdir(tmp_path):
 def test_a_run_stopped_after_saving_is_rerun_to_resume(tmp_path):
     """Every worker exits 75, bertjax.main's "saved after a signal": run it again."""
     from bertjax import cli
-    sys.path.insert(0, str(REPO / "launch"))
-    import launchlib
-    assert launchlib.RUN_STOPPED_TO_RESUME == cli.PREEMPTED
+    code = subprocess.run([sys.executable, "-c", "import launchlib; "
+                           "print(launchlib.RUN_STOPPED_TO_RESUME)"], cwd=REPO / "launch",
+                          capture_output=True, text=True, check=True).stdout
+    assert int(code) == cli.PREEMPTED
     result, workdir = tpu_run(tmp_path, "maintenance", "--retries=1")
     assert result.returncode == 0, result.stderr
     assert "stopped after saving: retry 1 of 1" in result.stderr

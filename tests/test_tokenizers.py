@@ -256,11 +256,11 @@ def test_sentencepiece_errors(tmp_path, austen_sentences):
 def test_fill_mask_prompts_still_place_real_masks(minilm_vocab, trained):
     """fill-mask cuts the prompt at its literal [MASK]s before encoding, so the masks are real
     mask ids at the positions it predicts, while other spelled specials stay text."""
-    from bertjax import predict
+    from bertjax.training import inference
 
     prompt = "She wrote [MASK] and [SEP] here[MASK]."
     for tok in (tokenizers.WordPieceTokenizer(minilm_vocab), trained[0]):
-        ids, positions = predict.encode_masked(tok, prompt, max_length=64)
+        ids, positions = inference.encode_masked(tok, prompt, max_length=64)
         assert ids[0] == tok.cls_id and ids[-1] == tok.sep_id
         assert [i for i, t in enumerate(ids) if t == tok.mask_id] == positions
         assert len(positions) == 2
