@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 HERE = Path(os.environ["FAKE_GCLOUD_DIR"])
@@ -76,6 +77,19 @@ def kill_workers() -> None:
                 pass
 
 
+def wait_until_running(worker: str) -> None:
+    """Returns once the detached runs have recorded their pids, as they have on real VMs
+    long before the launcher's first poll; on a loaded machine a poll could otherwise come
+    first, and a played preemption would miss a run that then outlives its slice."""
+    deadline = time.monotonic() + 60
+    for index in (range(WORKERS) if worker == "all" else [int(worker)]):
+        pid_file = worker_home(index) / "bertjax-run" / "pid"
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            if time.monotonic() > deadline:
+                raise SystemExit(f"fake gcloud: worker {index}'s run never wrote {pid_file}")
+            time.sleep(0.02)
+
+
 def ssh(argv: list[str]) -> int:
     command = next(a.split("=", 1)[1] for a in argv if a.startswith("--command="))
     worker = next(a.split("=", 1)[1] for a in argv if a.startswith("--worker="))
@@ -98,6 +112,8 @@ def ssh(argv: list[str]) -> int:
         result = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True)
         sys.stdout.write(result.stdout)
         status = status or result.returncode
+    if "setsid" in command:
+        wait_until_running(worker)
     if SCENARIO == "dropped" and "setsid" in command and count("dropped-starts") == 1:
         return 255
     return status

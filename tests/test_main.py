@@ -4,6 +4,7 @@ on localhost, preempted and resumed, train exactly like one)."""
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -86,6 +87,13 @@ def test_unknown_mode_and_bad_distributed_environment_are_named(monkeypatch):
         main.initialize_distributed()
 
 
+GLOO_MISSED = "Gloo context initialization failed"
+
+
+class GlooRendezvousMissed(Exception):
+    """The two processes did not reach a collective within gloo's fixed timeout."""
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -109,18 +117,31 @@ def run_two_processes(workdir, *args):
              **ph.CACHE_ENV})
         for i in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
+    if any(GLOO_MISSED in o for o in outputs):
+        raise GlooRendezvousMissed(outputs[0][-2000:])
     assert [w.returncode for w in workers] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     return [o.strip().splitlines()[-1] for o in outputs]
 
 
-def test_two_processes_preempted_and_resumed_train_exactly_like_one(tmp_path):
+def preempted_then_resumed_on_two_processes(workdir):
     # Both hosts get SIGTERM at step 3; JAX's preemption sync makes them save the same step.
-    stops = run_two_processes(tmp_path / "two", "3")
+    stops = run_two_processes(workdir, "3")
     assert stops[0] == stops[1] and stops[0].endswith("preempted: True"), stops
     stopped = int(stops[0].split()[3].rstrip(","))
-    saved = sorted(int(s) for s in os.listdir(tmp_path / "two" / "checkpoints"))
+    saved = sorted(int(s) for s in os.listdir(workdir / "checkpoints"))
     assert 3 <= stopped < 6 and saved[-1] == stopped, (stops, saved)
-    assert run_two_processes(tmp_path / "two") == ["stopped at step 6, preempted: False"] * 2
+    assert run_two_processes(workdir) == ["stopped at step 6, preempted: False"] * 2
+
+
+def test_two_processes_preempted_and_resumed_train_exactly_like_one(tmp_path):
+    try:
+        preempted_then_resumed_on_two_processes(tmp_path / "two")
+    except GlooRendezvousMissed:
+        # Gloo gives the processes a fixed 30 s to meet at each new collective; on a loaded
+        # 2-core machine one compiling process can miss it. That is the test machine, not
+        # bertjax: play the whole story once more from a fresh workdir.
+        shutil.rmtree(tmp_path / "two")
+        preempted_then_resumed_on_two_processes(tmp_path / "two")
 
     # One process, all 8 devices: only the order of reductions differs (as between meshes).
     config = ph.multiprocess_config(mesh_shape=(8, 1, 1))
