@@ -129,13 +129,16 @@ class Embeddings(nn.Module):
         self.layer_norm = _layer_norm(c, "layer_norm")
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
-    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool):
+    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool, position_ids_BL=None):
         length = input_ids_BL.shape[1]
         if length > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        x_BLD = (self.word_embeddings(input_ids_BL)
-                 + self.position_embeddings(jnp.arange(length))[None]
+        if position_ids_BL is None:
+            positions_BLD = self.position_embeddings(jnp.arange(length))[None]
+        else:
+            positions_BLD = self.position_embeddings(position_ids_BL)
+        x_BLD = (self.word_embeddings(input_ids_BL) + positions_BLD
                  + self.token_type_embeddings(segment_ids_BL))
         if not self.config.pre_layer_norm:
             x_BLD = self.layer_norm(x_BLD)
@@ -147,12 +150,15 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention; projections kept per head ([D, H, K]) for tensor sharding."""
+    """Multi-head self-attention; projections kept per head ([D, H, K]) for tensor sharding.
+
+    The mask is [B, 1, 1, L] (padding) or [B, 1, L, L] (packed rows: one block per example).
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         heads, head_dim = c.num_attention_heads, c.head_dim
         q_BLHK, k_BLHK, v_BLHK = (
@@ -160,13 +166,13 @@ class Attention(nn.Module):
             for name in ("query", "key", "value"))
         if deterministic or c.attention_probs_dropout_prob == 0.0:
             # The fused path: cuDNN / flash kernels apply on GPU.
-            out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BLHK, v_BLHK, mask=mask_B11L)
+            out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BLHK, v_BLHK, mask=mask_B1QL)
         else:
             # dot_product_attention has no dropout on the probabilities, which the original
             # recipe uses; set attention_probs_dropout_prob=0 to train with the fused kernel.
             scores_BHLL = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BLHK).astype(jnp.float32)
             scores_BHLL = scores_BHLL / jnp.sqrt(head_dim).astype(jnp.float32)
-            scores_BHLL = jnp.where(mask_B11L, scores_BHLL, jnp.finfo(jnp.float32).min)
+            scores_BHLL = jnp.where(mask_B1QL, scores_BHLL, jnp.finfo(jnp.float32).min)
             probs_BHLL = jax.nn.softmax(scores_BHLL, axis=-1)
             probs_BHLL = nn.Dropout(c.attention_probs_dropout_prob)(
                 probs_BHLL, deterministic=False).astype(c.dtype)
@@ -181,14 +187,14 @@ class TransformerLayer(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         dropout = nn.Dropout(c.hidden_dropout_prob)
         attn_norm = _layer_norm(c, "attention_layer_norm")
         out_norm = _layer_norm(c, "output_layer_norm")
 
         h_BLD = attn_norm(x_BLD) if c.pre_layer_norm else x_BLD
-        h_BLD = Attention(c, name="attention")(h_BLD, mask_B11L, deterministic)
+        h_BLD = Attention(c, name="attention")(h_BLD, mask_B1QL, deterministic)
         x_BLD = x_BLD + dropout(h_BLD, deterministic=deterministic)
         if not c.pre_layer_norm:
             x_BLD = attn_norm(x_BLD)
@@ -207,20 +213,33 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         layer_cls = TransformerLayer
         if c.remat:
             layer_cls = nn.remat(TransformerLayer, static_argnums=(3,))
         for i in range(c.num_hidden_layers):
-            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B11L, deterministic)
+            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic)
         if c.pre_layer_norm:
             x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
         return x_BLD
 
 
+def packed_attention_mask(example_ids_BL):
+    """Rows holding several examples (`example_ids` 1, 2, ... per token, 0 for padding): each
+    token attends only to the tokens of its own example. [B, 1, L, L] bool."""
+    same_B1LL = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
+    return same_B1LL & (example_ids_BL > 0)[:, None, None, :]
+
+
 class BertModel(nn.Module):
-    """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D])."""
+    """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D]).
+
+    Packed rows (several examples per row, see `tasks.features.pack_rows`) also give
+    `position_ids` (restarting at each example), `example_ids` (the attention blocks) and
+    `cls_positions` [B,E] (each example's [CLS]): then pooled_output is [B,E,D], one per
+    example, and every example is computed as it would be alone in its row.
+    """
 
     config: BertConfig
 
@@ -231,12 +250,18 @@ class BertModel(nn.Module):
         # The pooler is square; its output axis is sharded like an MLP hidden dimension.
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
-    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
-        mask_B11L = input_mask.astype(bool)[:, None, None, :]
-        x_BLD = self.embeddings(input_ids, segment_ids, deterministic)
-        x_BLD = self.encoder(x_BLD, mask_B11L, deterministic)
-        pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
-        return x_BLD, pooled_BD
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
+                 position_ids=None, example_ids=None, cls_positions=None):
+        if example_ids is None:
+            mask = input_mask.astype(bool)[:, None, None, :]
+        else:
+            mask = packed_attention_mask(example_ids)
+        x_BLD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
+        x_BLD = self.encoder(x_BLD, mask, deterministic)
+        if cls_positions is None:
+            return x_BLD, jnp.tanh(self.pooler(x_BLD[:, 0]))
+        cls_BED = jnp.take_along_axis(x_BLD, cls_positions[:, :, None].astype(jnp.int32), 1)
+        return x_BLD, jnp.tanh(self.pooler(cls_BED))
 
     def attend(self, x_BPD):
         return self.embeddings.attend(x_BPD)

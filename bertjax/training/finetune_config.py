@@ -102,6 +102,16 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.global_batch_size = 32
     config.train.num_epochs = 3.0
     config.train.eval_batch_size = 64  # global; evaluation pads its last batch
+    # Ascending row lengths (<= task.max_seq_length) a training batch may be cut to: each
+    # batch keeps the shortest that holds its longest example, so short texts cost what
+    # they need and XLA compiles one step per length used. (): every batch at
+    # task.max_seq_length, as the original.
+    config.train.bucket_lengths = ()
+    # Up to this many training examples per row, each attending only to itself (positions
+    # restart, one pooled [CLS] each), so short texts fill the rows; global_batch_size then
+    # counts rows and the loss averages over the examples. Sentence (pair) classification
+    # and regression; 1: one example per row, as the original.
+    config.train.examples_per_row = 1
     config.train.log_every = 50
     config.train.keep_checkpoints = 2  # saved at every epoch end (and on preemption)
     config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
@@ -138,7 +148,30 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
         raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
+    check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
+    if train.examples_per_row < 1:
+        raise ValueError(f"train.examples_per_row is {train.examples_per_row}: expected 1 (no "
+                         f"packing) or more")
+    if train.examples_per_row > 1 and not task.packable:
+        raise ValueError(f"train.examples_per_row {train.examples_per_row}: task.type "
+                         f"{task.name} has no per-example [CLS] target to pack; set it to 1")
+    if train.examples_per_row > 1 and train.bucket_lengths:
+        raise ValueError("train.examples_per_row > 1 fills the rows, train.bucket_lengths cuts "
+                         "their padding: set one of them")
     if config.optimizer.head_lr_multiplier <= 0:
         raise ValueError(f"optimizer.head_lr_multiplier {config.optimizer.head_lr_multiplier}: "
                          f"expected > 0")
     return task
+
+
+def check_bucket_lengths(lengths, max_seq_length: int, task: tasks.Task) -> None:
+    if not lengths:
+        return
+    if (list(lengths) != sorted(set(lengths)) or lengths[0] < 1
+            or lengths[-1] > max_seq_length):
+        raise ValueError(f"train.bucket_lengths {tuple(lengths)}: expected ascending distinct "
+                         f"lengths from 1 to task.max_seq_length {max_seq_length}")
+    if not task.padding_free_loss:
+        raise ValueError(f"train.bucket_lengths: task.type {task.name}'s loss reads the padding "
+                         f"positions too (as the original's), so cutting them would change it; "
+                         f"set train.bucket_lengths=()")
