@@ -201,7 +201,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                       schedule=schedule, mesh=sharding.make_mesh(config.mesh.shape, devices),
                       rules=config.mesh.rules, global_batch_size=batch_size,
                       grad_accum_steps=config.optimizer.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed)
+                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
+                      dropout_rng=config.model.dropout_rng)
     sharding.check_batch_size(train_cfg.eval_batch_size, trainer.mesh, trainer.rules)
 
     def initial_params():

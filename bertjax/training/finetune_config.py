@@ -16,7 +16,8 @@ from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.tasks import base as tasks
-from bertjax.training.pretrain_config import DEFAULT_RULES, DTYPES, check_profile_steps
+from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout_rng,
+                                              check_profile_steps)
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -76,6 +77,10 @@ def defaults() -> ml_collections.ConfigDict:
     config.model.hidden_dropout_prob = 0.1
     config.model.attention_probs_dropout_prob = 0.1
     config.model.remat = False
+    # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
+    # RngBitGenerator: cheaper on TPUs and GPUs, slower than threefry on CPUs). Any of them
+    # resumes exactly; they draw different masks.
+    config.model.dropout_rng = "threefry"
     # The first N encoder layers of the checkpoint (smaller, faster models); None: all.
     config.model.keep_layers = placeholder(int)
 
@@ -148,6 +153,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
         raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
+    check_dropout_rng(config.model.dropout_rng)
     check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
     if train.examples_per_row < 1:
         raise ValueError(f"train.examples_per_row is {train.examples_per_row}: expected 1 (no "

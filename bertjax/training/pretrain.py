@@ -173,7 +173,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
                       tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
                       global_batch_size=train_cfg.global_batch_size,
                       grad_accum_steps=opt.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed)
+                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
+                      dropout_rng=config.model.dropout_rng)
 
     def initial_params():
         if jax.process_index() == 0:

@@ -12,6 +12,7 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax.models import presets
+from bertjax.training.trainer import DROPOUT_RNGS
 
 # Logical parameter axis -> mesh axes. 'batch' is the first axis of every input array.
 DEFAULT_RULES = (
@@ -46,6 +47,10 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.model.attention_probs_dropout_prob = 0.1
     config.model.pre_layer_norm = False
     config.model.remat = False
+    # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
+    # RngBitGenerator: cheaper on TPUs and GPUs, slower than threefry on CPUs). Any of them
+    # resumes exactly; they draw different masks.
+    config.model.dropout_rng = "threefry"
     # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
     config.model.dtype = "auto"
 
@@ -106,6 +111,11 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+def check_dropout_rng(name: str) -> None:
+    if name not in DROPOUT_RNGS:
+        raise ValueError(f"model.dropout_rng {name!r}: expected one of {', '.join(DROPOUT_RNGS)}")
+
+
 def check_profile_steps(steps) -> None:
     if len(steps) != 2 or not 0 <= steps[0] <= steps[1]:
         raise ValueError(f"train.profile_steps {tuple(steps)}: expected (first, last + 1) with "
@@ -124,6 +134,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"train.{key} is {train[key]}: expected 0 (none) or more")
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
+    check_dropout_rng(model.dropout_rng)
     check_profile_steps(train.profile_steps)
     if data.max_seq_length > model.max_position_embeddings:
         raise ValueError(f"data.max_seq_length {data.max_seq_length} exceeds "
