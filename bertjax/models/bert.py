@@ -48,6 +48,13 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pre_layer_norm: bool = False  # post-LN is the original; pre-LN trains deeper stacks stably
     remat: bool = False  # recompute layer activations in the backward pass to save memory
+    # What remat keeps from the forward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # projections' outputs, recompute the rest).
+    remat_policy: str = "nothing_saveable"
+    # One layer traced and compiled once, run num_hidden_layers times (jax.lax.scan): compile
+    # time stops growing with depth. The parameters keep their per-layer layout.
+    scan_layers: bool = False
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32
 
@@ -64,6 +71,10 @@ class BertConfig:
                              f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r}: expected one of {sorted(ACTIVATIONS)}")
+        if not hasattr(jax.checkpoint_policies, self.remat_policy):
+            raise ValueError(f"remat_policy {self.remat_policy!r}: expected a name of "
+                             f"jax.checkpoint_policies (nothing_saveable, "
+                             f"dots_with_no_batch_dims_saveable, ...)")
 
     @property
     def head_dim(self) -> int:
@@ -217,12 +228,99 @@ class Encoder(nn.Module):
         c = self.config
         layer_cls = TransformerLayer
         if c.remat:
-            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,))
+            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,),
+                                 policy=getattr(jax.checkpoint_policies, c.remat_policy))
         for i in range(c.num_hidden_layers):
             x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic)
         if c.pre_layer_norm:
             x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
         return x_BLD
+
+
+class _ScanStep(nn.Module):
+    """One layer as a scan step: (carry, broadcast mask) -> (carry, nothing)."""
+
+    config: BertConfig
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x_BLD, mask_B1QL):
+        layer_cls = TransformerLayer
+        if self.config.remat:
+            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,),
+                                 policy=getattr(jax.checkpoint_policies,
+                                                self.config.remat_policy))
+        return layer_cls(self.config, name="layer")(x_BLD, mask_B1QL, self.deterministic), None
+
+
+# The stacked axis of scanned parameters carries no logical name: never sharded.
+_SCAN_AXIS = {nn.PARTITION_NAME: None}
+
+
+class _ScannedEncoder(nn.Module):
+    """The encoder as one layer scanned num_hidden_layers times, over its parameters stacked
+    {'layers': {'layer': [N, ...]}}; `scanned_encoder` gives it Encoder's layout."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+        c = self.config
+        # Each layer its own parameters and its own dropout stream.
+        layers = nn.scan(_ScanStep, variable_axes={"params": 0},
+                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                         length=c.num_hidden_layers, metadata_params=_SCAN_AXIS)
+        x_BLD, _ = layers(c, deterministic, name="layers")(x_BLD, mask_B1QL)
+        if c.pre_layer_norm:
+            x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
+        return x_BLD
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _stacked(params: dict) -> dict:
+    """Encoder's per-layer parameters (layer_0, layer_1, ...) as _ScannedEncoder's."""
+    count = sum(k.startswith("layer_") for k in params)
+    if not count:  # initialising: nothing to stack yet
+        return params
+    def stack(*xs):
+        if _is_box(xs[0]):  # logical axis names gain the new axis
+            return xs[0].replace_boxed(jnp.stack([x.unbox() for x in xs])).add_axis(
+                0, _SCAN_AXIS)
+        return jnp.stack(xs)
+
+    rest = {k: v for k, v in params.items() if not k.startswith("layer_")}
+    layers = [params[f"layer_{i}"] for i in range(count)]
+    return {**rest, "layers": {"layer": jax.tree.map(stack, *layers, is_leaf=_is_box)}}
+
+
+def _per_layer(params: dict) -> dict:
+    """_ScannedEncoder's stacked parameters as Encoder's per-layer ones."""
+    if "layers" not in params:
+        return params
+    stacked = params["layers"]["layer"]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+
+    def take(x, i):
+        if _is_box(x):  # logical axis names lose the stacked axis
+            return x.remove_axis(0, _SCAN_AXIS).replace_boxed(x.unbox()[i])
+        return x[i]
+
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: take(x, i), stacked,
+                                                  is_leaf=_is_box) for i in range(count)}}
+
+
+def scanned_encoder(config: BertConfig, init: bool, name: str) -> nn.Module:
+    """The scanned encoder with Encoder's parameter layout (layer_0, layer_1, ...): stacked
+    for the scan on the way in, so checkpoints, conversion and export never see the scan."""
+    def each(fn):
+        return lambda collections: {c: fn(v) for c, v in collections.items()}
+    return nn.map_variables(_ScannedEncoder, "params", trans_in_fn=each(_stacked),
+                            trans_out_fn=each(_per_layer), init=init,
+                            mutable=init)(config, name=name)
 
 
 def packed_attention_mask(example_ids_BL):
@@ -246,7 +344,10 @@ class BertModel(nn.Module):
     def setup(self):
         c = self.config
         self.embeddings = Embeddings(c)
-        self.encoder = Encoder(c)
+        if c.scan_layers:
+            self.encoder = scanned_encoder(c, self.is_initializing(), "encoder")
+        else:
+            self.encoder = Encoder(c)
         # The pooler is square; its output axis is sharded like an MLP hidden dimension.
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 

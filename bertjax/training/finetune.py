@@ -51,6 +51,7 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
     return dataclasses.replace(
         base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
+        remat_policy=model.remat_policy, scan_layers=model.scan_layers,
         dtype=compute_dtype(model.dtype))
 
 

@@ -17,7 +17,7 @@ from ml_collections.config_dict import placeholder
 from bertjax import files
 from bertjax.tasks import base as tasks
 from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout_rng,
-                                              check_profile_steps)
+                                              check_profile_steps, check_remat_policy)
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -77,6 +77,13 @@ def defaults() -> ml_collections.ConfigDict:
     config.model.hidden_dropout_prob = 0.1
     config.model.attention_probs_dropout_prob = 0.1
     config.model.remat = False
+    # What remat keeps for the backward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # matmul outputs).
+    config.model.remat_policy = "nothing_saveable"
+    # One layer compiled once and scanned over the depth: compile time stops growing with the
+    # number of layers; parameters and checkpoints keep their per-layer layout.
+    config.model.scan_layers = False
     # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
     # RngBitGenerator: cheaper on TPUs and GPUs, slower than threefry on CPUs). Any of them
     # resumes exactly; they draw different masks.
@@ -154,6 +161,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
     check_dropout_rng(config.model.dropout_rng)
+    check_remat_policy(config.model.remat_policy)
     check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
     if train.examples_per_row < 1:
         raise ValueError(f"train.examples_per_row is {train.examples_per_row}: expected 1 (no "

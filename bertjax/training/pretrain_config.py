@@ -8,6 +8,7 @@ reads `config.x.y` and never guesses; `validate` checks the values before anythi
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 from ml_collections.config_dict import placeholder
 
@@ -47,6 +48,13 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.model.attention_probs_dropout_prob = 0.1
     config.model.pre_layer_norm = False
     config.model.remat = False
+    # What remat keeps for the backward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # matmul outputs).
+    config.model.remat_policy = "nothing_saveable"
+    # One layer compiled once and scanned over the depth: compile time stops growing with the
+    # number of layers; parameters and checkpoints keep their per-layer layout.
+    config.model.scan_layers = False
     # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
     # RngBitGenerator: cheaper on TPUs and GPUs, slower than threefry on CPUs). Any of them
     # resumes exactly; they draw different masks.
@@ -116,6 +124,13 @@ def check_dropout_rng(name: str) -> None:
         raise ValueError(f"model.dropout_rng {name!r}: expected one of {', '.join(DROPOUT_RNGS)}")
 
 
+def check_remat_policy(name: str) -> None:
+    if not hasattr(jax.checkpoint_policies, name):
+        raise ValueError(f"model.remat_policy {name!r}: expected a name of "
+                         f"jax.checkpoint_policies (nothing_saveable, "
+                         f"dots_with_no_batch_dims_saveable, ...)")
+
+
 def check_profile_steps(steps) -> None:
     if len(steps) != 2 or not 0 <= steps[0] <= steps[1]:
         raise ValueError(f"train.profile_steps {tuple(steps)}: expected (first, last + 1) with "
@@ -135,6 +150,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
     check_dropout_rng(model.dropout_rng)
+    check_remat_policy(model.remat_policy)
     check_profile_steps(train.profile_steps)
     if data.max_seq_length > model.max_position_embeddings:
         raise ValueError(f"data.max_seq_length {data.max_seq_length} exceeds "

@@ -1,0 +1,43 @@
+"""model.scan_layers: the scanned encoder is the same function as the per-layer one, on the
+same parameters (it keeps their per-layer layout, so checkpoints and conversion never see the
+scan), with remat, forward and backward."""
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.models.heads import BertForPreTraining
+from test_model import ODD, _batch
+
+PLAIN = dataclasses.replace(ODD, num_hidden_layers=3)
+SCANNED = dataclasses.replace(PLAIN, scan_layers=True, remat=True,
+                              remat_policy="dots_with_no_batch_dims_saveable")
+
+
+def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients():
+    ids, mask, seg, pos = _batch()
+    models = {False: BertForPreTraining(PLAIN), True: BertForPreTraining(SCANNED)}
+    inits = {scan: m.init(jax.random.key(0), ids, mask, seg, pos)["params"]
+             for scan, m in models.items()}
+    # The same layout and logical axis names; the same values from the same key's streams
+    # is not promised (the scan splits its keys per layer).
+    assert (jax.tree.map(lambda x: (x.value.shape, x.names), inits[True],
+                         is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+            == jax.tree.map(lambda x: (x.value.shape, x.names), inits[False],
+                            is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)))
+    params = nn.unbox(inits[False])
+
+    def loss(p, scan):
+        out = models[scan].apply({"params": p}, ids, mask, seg, pos)
+        return jnp.sum(out["mlm_logits"] ** 2) + jnp.sum(out["nsp_logits"] ** 2), out
+
+    results = {scan: jax.jit(jax.value_and_grad(lambda p, s=scan: loss(p, s), has_aux=True))(
+        params) for scan in models}
+    (_, plain_out), plain_grads = results[False]
+    (_, scan_out), scan_grads = results[True]
+    for key in plain_out:
+        np.testing.assert_allclose(scan_out[key], plain_out[key], rtol=1e-5, atol=1e-5)
+    for a, b in zip(jax.tree.leaves(scan_grads), jax.tree.leaves(plain_grads)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
