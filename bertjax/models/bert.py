@@ -52,8 +52,8 @@ class BertConfig:
     # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
     # projections' outputs, recompute the rest).
     remat_policy: str = "nothing_saveable"
-    # One layer traced and compiled once, run num_hidden_layers times (jax.lax.scan): compile
-    # time stops growing with depth. The parameters keep their per-layer layout.
+    # One layer traced once and run num_hidden_layers times (jax.lax.scan): the program no
+    # longer grows with depth. The parameters keep their per-layer layout.
     scan_layers: bool = False
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32

@@ -52,8 +52,8 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
     # matmul outputs).
     config.model.remat_policy = "nothing_saveable"
-    # One layer compiled once and scanned over the depth: compile time stops growing with the
-    # number of layers; parameters and checkpoints keep their per-layer layout.
+    # One layer traced once and scanned over the depth (the program no longer grows with the
+    # number of layers); parameters and checkpoints keep their per-layer layout.
     config.model.scan_layers = False
     # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
     # RngBitGenerator: cheaper on TPUs and GPUs, slower than threefry on CPUs). Any of them
