@@ -220,16 +220,20 @@ class TransformerLayer(nn.Module):
         return x_BLD
 
 
+def _layer_class(config: BertConfig):
+    if not config.remat:
+        return TransformerLayer
+    return nn.remat(TransformerLayer, static_argnums=(3,),
+                    policy=getattr(jax.checkpoint_policies, config.remat_policy))
+
+
 class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
     def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
-        layer_cls = TransformerLayer
-        if c.remat:
-            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,),
-                                 policy=getattr(jax.checkpoint_policies, c.remat_policy))
+        layer_cls = _layer_class(c)
         for i in range(c.num_hidden_layers):
             x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic)
         if c.pre_layer_norm:
@@ -245,12 +249,8 @@ class _ScanStep(nn.Module):
 
     @nn.compact
     def __call__(self, x_BLD, mask_B1QL):
-        layer_cls = TransformerLayer
-        if self.config.remat:
-            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,),
-                                 policy=getattr(jax.checkpoint_policies,
-                                                self.config.remat_policy))
-        return layer_cls(self.config, name="layer")(x_BLD, mask_B1QL, self.deterministic), None
+        layer = _layer_class(self.config)(self.config, name="layer")
+        return layer(x_BLD, mask_B1QL, self.deterministic), None
 
 
 # The stacked axis of scanned parameters carries no logical name: never sharded.
