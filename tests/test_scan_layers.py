@@ -11,7 +11,7 @@ import numpy as np
 from bertjax.models.heads import BertForPreTraining
 from test_model import ODD, _batch
 
-PLAIN = dataclasses.replace(ODD, num_hidden_layers=3)
+PLAIN = ODD
 SCANNED = dataclasses.replace(PLAIN, scan_layers=True, remat=True,
                               remat_policy="dots_with_no_batch_dims_saveable")
 
