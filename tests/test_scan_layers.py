@@ -41,3 +41,33 @@ def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients():
         np.testing.assert_allclose(scan_out[key], plain_out[key], rtol=1e-5, atol=1e-5)
     for a, b in zip(jax.tree.leaves(scan_grads), jax.tree.leaves(plain_grads)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_scanned_sharded_pretraining_run_matches_the_per_layer_run(tmp_path):
+    import pretrain_helpers as ph
+    from bertjax.training import checkpoints, pretrain
+
+    def config(scan):
+        c = ph.tiny_config(num_steps=3)
+        c.model.num_hidden_layers = 2
+        c.model.hidden_dropout_prob = c.model.attention_probs_dropout_prob = 0.0
+        c.model.scan_layers = scan
+        c.mesh.shape = (2, 2, 2)
+        return c
+
+    # Both start from the same parameters (a fresh scanned model draws other initial values).
+    start = pretrain.model_config(config(False).model, ph.VOCAB)
+    start_params = nn.unbox(BertForPreTraining(start).init(
+        jax.random.key(0), *_batch()[:3], _batch()[3])["params"])
+    checkpoints.save_model(str(tmp_path / "start"), start_params, start)
+    finals = {}
+    for scan in (False, True):
+        c = config(scan)
+        c.init_checkpoint = str(tmp_path / "start")
+        workdir = str(tmp_path / f"scan{scan}")
+        pretrain.train(c, workdir, ph.synthetic_data(c), jax.devices()[:8])
+        # The exported model has the per-layer layout whichever way it was trained.
+        finals[scan] = checkpoints.open_model(workdir).load_params()
+    assert sorted(finals[True]["bert"]["encoder"]) == ["layer_0", "layer_1"]
+    for a, b in zip(jax.tree.leaves(finals[True]), jax.tree.leaves(finals[False])):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
