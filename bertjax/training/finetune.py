@@ -189,9 +189,9 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     rows = len(train_arrays["input_ids"])
     per_epoch = rows // batch_size
     if per_epoch == 0:
-        raise ValueError(f"the training set has {rows} "
-                         f"{'packed rows' if rows < len(data.train.features) else 'features'}"
-                         f", fewer than train.global_batch_size {batch_size}")
+        what = "packed rows" if train_cfg.examples_per_row > 1 else "features"
+        raise ValueError(f"the training set has {rows} {what}, fewer than "
+                         f"train.global_batch_size {batch_size}")
     total = max(1, round(train_cfg.num_epochs * per_epoch))
     tx, schedule = make_optimizer(config.optimizer, total)
     seq_len = config.task.max_seq_length
