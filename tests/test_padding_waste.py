@@ -44,8 +44,8 @@ def test_a_batch_is_cut_to_the_shortest_bucket_that_holds_its_longest_example(fe
 
 def _model_and_params(features):
     model = BertForSequenceClassification(DETERMINISTIC, 2)
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), *(jnp.asarray(features[k][:1])
-                                                          for k in tasks.INPUTS))["params"])
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), *(
+        jnp.asarray(features[k][:1]) for k in tasks.INPUTS))["params"])
     return model, params
 
 

@@ -19,7 +19,8 @@ SCANNED = dataclasses.replace(PLAIN, scan_layers=True, remat=True,
 def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients():
     ids, mask, seg, pos = _batch()
     models = {False: BertForPreTraining(PLAIN), True: BertForPreTraining(SCANNED)}
-    inits = {scan: m.init(jax.random.key(0), ids, mask, seg, pos)["params"]
+    inits = {scan: jax.eval_shape(lambda m=m: m.init(jax.random.key(0), ids, mask, seg,
+                                                     pos)["params"])
              for scan, m in models.items()}
     # The same layout and logical axis names; the same values from the same key's streams
     # is not promised (the scan splits its keys per layer).
@@ -27,7 +28,8 @@ def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients():
                          is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
             == jax.tree.map(lambda x: (x.value.shape, x.names), inits[False],
                             is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)))
-    params = nn.unbox(inits[False])
+    params = nn.unbox(jax.jit(models[False].init)(jax.random.key(0), ids, mask, seg,
+                                                  pos)["params"])
 
     def loss(p, scan):
         out = models[scan].apply({"params": p}, ids, mask, seg, pos)
@@ -57,8 +59,8 @@ def test_scanned_sharded_pretraining_run_matches_the_per_layer_run(tmp_path):
 
     # Both start from the same parameters (a fresh scanned model draws other initial values).
     start = pretrain.model_config(config(False).model, ph.VOCAB)
-    start_params = nn.unbox(BertForPreTraining(start).init(
-        jax.random.key(0), *_batch()[:3], _batch()[3])["params"])
+    start_params = nn.unbox(jax.jit(BertForPreTraining(start).init)(
+        jax.random.key(0), *_batch())["params"])
     checkpoints.save_model(str(tmp_path / "start"), start_params, start)
     finals = {}
     for scan in (False, True):
