@@ -2,6 +2,7 @@
 
   PYTHONPATH=. python benchmarks/train_step.py            # mini: L4/H256/A4, B32, S128, P20
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
+  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
 
 Each framework runs the same step on the same inputs: forward with dropout 0.1, masked-LM
 loss at the P masked positions plus next-sentence loss, backward, global-norm clipping at 1.0
@@ -66,7 +67,7 @@ def time_steps(steps_by_name: dict, warmup: int, steps: int, repeats: int) -> di
     return best
 
 
-def bertjax_step(config, inputs):
+def bertjax_step(config, inputs, dropout_rng="threefry"):
     model = BertForPreTraining(config)
     schedule = optax.constant_schedule(LR)
     tx = optimizers.make_optimizer("adamw", schedule, b1=0.9, b2=0.999, eps=1e-6,
@@ -79,7 +80,8 @@ def bertjax_step(config, inputs):
     params = jax.device_put(params, repl)
     state = trainer.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
     train_step = jax.jit(trainer.make_train_step(pretrain.objective(model, nsp=True), tx,
-                                                 schedule, grad_accum_steps=1),
+                                                 schedule, grad_accum_steps=1,
+                                                 dropout_rng=dropout_rng),
                          donate_argnums=(0,))
     batch = jax.device_put(inputs, repl)
     rng = jax.random.PRNGKey(1)
@@ -183,6 +185,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only", default="bertjax,hf_flax,torch")
+    # bertjax once per dropout generator named (model.dropout_rng), in turns with the rest.
+    parser.add_argument("--dropout_rngs", default="threefry")
     args = parser.parse_args()
 
     config = presets.preset(args.size, vocab_size=args.vocab)
@@ -199,7 +203,15 @@ def main() -> None:
     builders = {"bertjax": bertjax_step, "hf_flax": hf_flax_step, "torch": torch_step}
     names = {"bertjax": "bertjax", "hf_flax": "HF FlaxBertForPreTraining",
              "torch": "HF BertForPreTraining (PyTorch)"}
-    steps = {key: builders[key](config, inputs) for key in args.only.split(",")}
+    steps = {}
+    for key in args.only.split(","):
+        if key != "bertjax":
+            steps[key] = builders[key](config, inputs)
+            continue
+        for rng in args.dropout_rngs.split(","):
+            variant = key if rng == "threefry" else f"{key} ({rng} dropout)"
+            names[variant] = variant
+            steps[variant] = bertjax_step(config, inputs, rng)
     seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
     rates = {key: args.batch / s for key, s in seconds.items()}
     for key, rate in rates.items():

@@ -48,6 +48,13 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     pre_layer_norm: bool = False  # post-LN is the original; pre-LN trains deeper stacks stably
     remat: bool = False  # recompute layer activations in the backward pass to save memory
+    # What remat keeps from the forward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # projections' outputs, recompute the rest).
+    remat_policy: str = "nothing_saveable"
+    # One layer traced once and run num_hidden_layers times (jax.lax.scan): the program no
+    # longer grows with depth. The parameters keep their per-layer layout.
+    scan_layers: bool = False
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32
 
@@ -64,6 +71,10 @@ class BertConfig:
                              f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r}: expected one of {sorted(ACTIVATIONS)}")
+        if not hasattr(jax.checkpoint_policies, self.remat_policy):
+            raise ValueError(f"remat_policy {self.remat_policy!r}: expected a name of "
+                             f"jax.checkpoint_policies (nothing_saveable, "
+                             f"dots_with_no_batch_dims_saveable, ...)")
 
     @property
     def head_dim(self) -> int:
@@ -129,13 +140,16 @@ class Embeddings(nn.Module):
         self.layer_norm = _layer_norm(c, "layer_norm")
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
-    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool):
+    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool, position_ids_BL=None):
         length = input_ids_BL.shape[1]
         if length > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
-        x_BLD = (self.word_embeddings(input_ids_BL)
-                 + self.position_embeddings(jnp.arange(length))[None]
+        if position_ids_BL is None:
+            positions_BLD = self.position_embeddings(jnp.arange(length))[None]
+        else:
+            positions_BLD = self.position_embeddings(position_ids_BL)
+        x_BLD = (self.word_embeddings(input_ids_BL) + positions_BLD
                  + self.token_type_embeddings(segment_ids_BL))
         if not self.config.pre_layer_norm:
             x_BLD = self.layer_norm(x_BLD)
@@ -147,12 +161,15 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention; projections kept per head ([D, H, K]) for tensor sharding."""
+    """Multi-head self-attention; projections kept per head ([D, H, K]) for tensor sharding.
+
+    The mask is [B, 1, 1, L] (padding) or [B, 1, L, L] (packed rows: one block per example).
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         heads, head_dim = c.num_attention_heads, c.head_dim
         q_BLHK, k_BLHK, v_BLHK = (
@@ -160,13 +177,13 @@ class Attention(nn.Module):
             for name in ("query", "key", "value"))
         if deterministic or c.attention_probs_dropout_prob == 0.0:
             # The fused path: cuDNN / flash kernels apply on GPU.
-            out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BLHK, v_BLHK, mask=mask_B11L)
+            out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BLHK, v_BLHK, mask=mask_B1QL)
         else:
             # dot_product_attention has no dropout on the probabilities, which the original
             # recipe uses; set attention_probs_dropout_prob=0 to train with the fused kernel.
             scores_BHLL = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BLHK).astype(jnp.float32)
             scores_BHLL = scores_BHLL / jnp.sqrt(head_dim).astype(jnp.float32)
-            scores_BHLL = jnp.where(mask_B11L, scores_BHLL, jnp.finfo(jnp.float32).min)
+            scores_BHLL = jnp.where(mask_B1QL, scores_BHLL, jnp.finfo(jnp.float32).min)
             probs_BHLL = jax.nn.softmax(scores_BHLL, axis=-1)
             probs_BHLL = nn.Dropout(c.attention_probs_dropout_prob)(
                 probs_BHLL, deterministic=False).astype(c.dtype)
@@ -181,14 +198,14 @@ class TransformerLayer(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         dropout = nn.Dropout(c.hidden_dropout_prob)
         attn_norm = _layer_norm(c, "attention_layer_norm")
         out_norm = _layer_norm(c, "output_layer_norm")
 
         h_BLD = attn_norm(x_BLD) if c.pre_layer_norm else x_BLD
-        h_BLD = Attention(c, name="attention")(h_BLD, mask_B11L, deterministic)
+        h_BLD = Attention(c, name="attention")(h_BLD, mask_B1QL, deterministic)
         x_BLD = x_BLD + dropout(h_BLD, deterministic=deterministic)
         if not c.pre_layer_norm:
             x_BLD = attn_norm(x_BLD)
@@ -203,40 +220,149 @@ class TransformerLayer(nn.Module):
         return x_BLD
 
 
+def _layer_class(config: BertConfig):
+    if not config.remat:
+        return TransformerLayer
+    return nn.remat(TransformerLayer, static_argnums=(3,),
+                    policy=getattr(jax.checkpoint_policies, config.remat_policy))
+
+
 class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B11L, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
-        layer_cls = TransformerLayer
-        if c.remat:
-            layer_cls = nn.remat(TransformerLayer, static_argnums=(3,))
+        layer_cls = _layer_class(c)
         for i in range(c.num_hidden_layers):
-            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B11L, deterministic)
+            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic)
         if c.pre_layer_norm:
             x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
         return x_BLD
 
 
+class _ScanStep(nn.Module):
+    """One layer as a scan step: (carry, broadcast mask) -> (carry, nothing)."""
+
+    config: BertConfig
+    deterministic: bool
+
+    @nn.compact
+    def __call__(self, x_BLD, mask_B1QL):
+        layer = _layer_class(self.config)(self.config, name="layer")
+        return layer(x_BLD, mask_B1QL, self.deterministic), None
+
+
+# The stacked axis of scanned parameters carries no logical name: never sharded.
+_SCAN_AXIS = {nn.PARTITION_NAME: None}
+
+
+class _ScannedEncoder(nn.Module):
+    """The encoder as one layer scanned num_hidden_layers times, over its parameters stacked
+    {'layers': {'layer': [N, ...]}}; `scanned_encoder` gives it Encoder's layout."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+        c = self.config
+        # Each layer its own parameters and its own dropout stream.
+        layers = nn.scan(_ScanStep, variable_axes={"params": 0},
+                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
+                         length=c.num_hidden_layers, metadata_params=_SCAN_AXIS)
+        x_BLD, _ = layers(c, deterministic, name="layers")(x_BLD, mask_B1QL)
+        if c.pre_layer_norm:
+            x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
+        return x_BLD
+
+
+def _is_box(x) -> bool:
+    return isinstance(x, nn.meta.AxisMetadata)
+
+
+def _stacked(params: dict) -> dict:
+    """Encoder's per-layer parameters (layer_0, layer_1, ...) as _ScannedEncoder's."""
+    count = sum(k.startswith("layer_") for k in params)
+    if not count:  # initialising: nothing to stack yet
+        return params
+    def stack(*xs):
+        if _is_box(xs[0]):  # logical axis names gain the new axis
+            return xs[0].replace_boxed(jnp.stack([x.unbox() for x in xs])).add_axis(
+                0, _SCAN_AXIS)
+        return jnp.stack(xs)
+
+    rest = {k: v for k, v in params.items() if not k.startswith("layer_")}
+    layers = [params[f"layer_{i}"] for i in range(count)]
+    return {**rest, "layers": {"layer": jax.tree.map(stack, *layers, is_leaf=_is_box)}}
+
+
+def _per_layer(params: dict) -> dict:
+    """_ScannedEncoder's stacked parameters as Encoder's per-layer ones."""
+    if "layers" not in params:
+        return params
+    stacked = params["layers"]["layer"]
+    count = jax.tree.leaves(stacked)[0].shape[0]
+
+    def take(x, i):
+        if _is_box(x):  # logical axis names lose the stacked axis
+            return x.remove_axis(0, _SCAN_AXIS).replace_boxed(x.unbox()[i])
+        return x[i]
+
+    rest = {k: v for k, v in params.items() if k != "layers"}
+    return {**rest, **{f"layer_{i}": jax.tree.map(lambda x, i=i: take(x, i), stacked,
+                                                  is_leaf=_is_box) for i in range(count)}}
+
+
+def scanned_encoder(config: BertConfig, init: bool, name: str) -> nn.Module:
+    """The scanned encoder with Encoder's parameter layout (layer_0, layer_1, ...): stacked
+    for the scan on the way in, so checkpoints, conversion and export never see the scan."""
+    def each(fn):
+        return lambda collections: {c: fn(v) for c, v in collections.items()}
+    return nn.map_variables(_ScannedEncoder, "params", trans_in_fn=each(_stacked),
+                            trans_out_fn=each(_per_layer), init=init,
+                            mutable=init)(config, name=name)
+
+
+def packed_attention_mask(example_ids_BL):
+    """Rows holding several examples (`example_ids` 1, 2, ... per token, 0 for padding): each
+    token attends only to the tokens of its own example. [B, 1, L, L] bool."""
+    same_B1LL = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
+    return same_B1LL & (example_ids_BL > 0)[:, None, None, :]
+
+
 class BertModel(nn.Module):
-    """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D])."""
+    """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D]).
+
+    Packed rows (several examples per row, see `tasks.features.pack_rows`) also give
+    `position_ids` (restarting at each example), `example_ids` (the attention blocks) and
+    `cls_positions` [B,E] (each example's [CLS]): then pooled_output is [B,E,D], one per
+    example, and every example is computed as it would be alone in its row.
+    """
 
     config: BertConfig
 
     def setup(self):
         c = self.config
         self.embeddings = Embeddings(c)
-        self.encoder = Encoder(c)
+        if c.scan_layers:
+            self.encoder = scanned_encoder(c, self.is_initializing(), "encoder")
+        else:
+            self.encoder = Encoder(c)
         # The pooler is square; its output axis is sharded like an MLP hidden dimension.
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
-    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
-        mask_B11L = input_mask.astype(bool)[:, None, None, :]
-        x_BLD = self.embeddings(input_ids, segment_ids, deterministic)
-        x_BLD = self.encoder(x_BLD, mask_B11L, deterministic)
-        pooled_BD = jnp.tanh(self.pooler(x_BLD[:, 0]))
-        return x_BLD, pooled_BD
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
+                 position_ids=None, example_ids=None, cls_positions=None):
+        if example_ids is None:
+            mask = input_mask.astype(bool)[:, None, None, :]
+        else:
+            mask = packed_attention_mask(example_ids)
+        x_BLD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
+        x_BLD = self.encoder(x_BLD, mask, deterministic)
+        if cls_positions is None:
+            return x_BLD, jnp.tanh(self.pooler(x_BLD[:, 0]))
+        cls_BED = jnp.take_along_axis(x_BLD, cls_positions[:, :, None].astype(jnp.int32), 1)
+        return x_BLD, jnp.tanh(self.pooler(cls_BED))
 
     def attend(self, x_BPD):
         return self.embeddings.attend(x_BPD)

@@ -81,7 +81,8 @@ def param_shapes(model: nn.Module) -> dict:
 
 
 class BertForSequenceClassification(nn.Module):
-    """Dropout + dense on the pooled [CLS]: [B, num_labels] float32 logits.
+    """Dropout + dense on the pooled [CLS]: [B, num_labels] float32 logits ([B, E,
+    num_labels] for packed rows: see BertModel).
 
     num_labels=1 is regression (STS-B): the single logit is the predicted score.
     """
@@ -94,8 +95,9 @@ class BertForSequenceClassification(nn.Module):
         self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
-    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
-        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
+                 **packing):
+        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing)
         pooled_BD = self.dropout(pooled_BD, deterministic=deterministic)
         return self.classifier(pooled_BD).astype(jnp.float32)
 

@@ -56,6 +56,12 @@ class Task(abc.ABC):
     best_metric: ClassVar[str]
     higher_is_better: ClassVar[tuple[str, ...]]  # what task.best_metric may name
     uses_labels: ClassVar[bool] = False  # a label vocabulary from the training set
+    # The loss ignores padding positions, so batches may be cut to their longest example
+    # (train.bucket_lengths) without changing it.
+    padding_free_loss: ClassVar[bool] = True
+    # One target per example from the pooled [CLS]: training rows may hold several examples
+    # (train.examples_per_row, see features.pack_rows).
+    packable: ClassVar[bool] = False
     # task.* keys a fine-tuned model keeps in task.json for prediction.
     saved_settings: ClassVar[tuple[str, ...]] = ("max_seq_length",)
 
@@ -92,7 +98,10 @@ class Task(abc.ABC):
         """The Linen module: BERT ('bert') plus this task's head."""
 
     def normalizer(self, batch: dict):
-        """The whole batch's loss denominator: sequences, unless the task says otherwise."""
+        """The whole batch's loss denominator: sequences (examples, in packed rows), unless
+        the task says otherwise."""
+        if "example_weights" in batch:
+            return jnp.sum(batch["example_weights"])
         return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
 
     @abc.abstractmethod
@@ -190,6 +199,13 @@ def _check_unique_names(sets: list[TaskSet]) -> None:
             raise ValueError(f"two evaluation/prediction sets are named {s.name!r}: their "
                              f"predictions files would collide; rename one file")
         seen.add(s.name)
+
+
+def example_sum(values, batch: dict):
+    """Per-example values summed over a batch; packed rows' empty slots weigh nothing."""
+    if "example_weights" in batch:
+        return jnp.sum(values * batch["example_weights"])
+    return jnp.sum(values)
 
 
 # --- the registry --------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import optax
 from bertjax import files
 from bertjax.models.heads import BertForSequenceClassification
 from bertjax.tasks import metrics
-from bertjax.tasks.base import Task, TaskSet, register
+from bertjax.tasks.base import Task, TaskSet, example_sum, register
 from bertjax.tasks.features import Features, LabelVocab, Packer, stack
 
 log = logging.getLogger(__name__)
@@ -274,6 +274,7 @@ class Classification(Task):
     higher_is_better = ("accuracy", "macro_f1", "mcc", "f1")
     uses_labels = True
     regression = False
+    packable = True
 
     def read(self, path: str, labelled: bool) -> list[TextExample]:
         s = self.settings
@@ -306,8 +307,10 @@ class Classification(Task):
         return BertForSequenceClassification(config, len(labels))
 
     def loss_sum(self, logits_BC, batch):
+        # Packed rows: [B, E, C] logits and [B, E] labels.
         labels_B = batch["label"].astype(jnp.int32)
-        return jnp.sum(optax.softmax_cross_entropy_with_integer_labels(logits_BC, labels_B))
+        return example_sum(optax.softmax_cross_entropy_with_integer_labels(logits_BC, labels_B),
+                           batch)
 
     def fetch(self, logits_BC):
         return jax.nn.softmax(logits_BC, axis=-1)
@@ -350,7 +353,8 @@ class Regression(Classification):
         return BertForSequenceClassification(config, 1)
 
     def loss_sum(self, logits_B1, batch):
-        return jnp.sum(jnp.square(logits_B1[:, 0] - batch["label"].astype(jnp.float32)))
+        return example_sum(jnp.square(logits_B1[..., 0] - batch["label"].astype(jnp.float32)),
+                           batch)
 
     def fetch(self, logits_B1):
         return logits_B1[:, 0]

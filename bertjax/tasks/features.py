@@ -213,3 +213,65 @@ def max_context_window(spans: Sequence[tuple[int, int]], num_tokens: int) -> np.
         best_score[pos[better]] = score[better]
         best[pos[better]] = w
     return best
+
+
+# The packed rows' own arrays (besides INPUTS and the per-example targets).
+PACKING_INPUTS = ("position_ids", "example_ids", "cls_positions")
+
+
+def pack_rows(arrays: dict[str, np.ndarray], targets: Sequence[str],
+              max_per_row: int) -> dict[str, np.ndarray]:
+    """Several padded single-example rows packed into fewer rows, up to `max_per_row`
+    examples each, for models that take `PACKING_INPUTS` (see models.bert.BertModel).
+
+    Each example keeps its tokens and segment ids; `position_ids` restart at 0 for each,
+    `example_ids` number them 1, 2, ... in their row (0: padding), `cls_positions` [R, E]
+    point at their first token ([CLS]). Per-example `targets` become [R, E], with
+    `example_weights` [R, E] (1 for an example, 0 for an empty slot) and `example_index`
+    [R, E] (the input row, -1 for an empty slot). Rows are filled best-fit, longest example
+    first, so the result does not depend on the input order.
+    """
+    lengths = arrays["input_mask"].sum(axis=1).astype(np.int64)
+    full = arrays["input_mask"].shape[1]
+    rows: list[list[int]] = []
+    space: list[int] = []
+    # Rows with room for more examples, by free positions: the best fit is the fullest row
+    # the example fits in.
+    by_space: dict[int, list[int]] = {}
+    for i in np.argsort(-lengths, kind="stable"):
+        need = int(lengths[i])
+        row = next((by_space[free].pop() for free in range(need, full + 1)
+                    if by_space.get(free)), None)
+        if row is None:
+            row = len(rows)
+            rows.append([])
+            space.append(full)
+        rows[row].append(int(i))
+        space[row] -= need
+        if len(rows[row]) < max_per_row:
+            by_space.setdefault(space[row], []).append(row)
+    count = len(rows)
+    out = {k: np.zeros((count, full), np.int32) for k in ("input_ids", "input_mask",
+                                                          "segment_ids", *PACKING_INPUTS[:2])}
+    out["cls_positions"] = np.zeros((count, max_per_row), np.int32)
+    out["example_weights"] = np.zeros((count, max_per_row), np.float32)
+    out["example_index"] = np.full((count, max_per_row), -1, np.int64)
+    for key in targets:
+        out[key] = np.zeros((count, max_per_row), arrays[key].dtype)
+    for r, members in enumerate(rows):
+        start = 0
+        for slot, i in enumerate(sorted(members)):
+            n = int(lengths[i])
+            span = slice(start, start + n)
+            out["input_ids"][r, span] = arrays["input_ids"][i, :n]
+            out["segment_ids"][r, span] = arrays["segment_ids"][i, :n]
+            out["input_mask"][r, span] = 1
+            out["position_ids"][r, span] = np.arange(n)
+            out["example_ids"][r, span] = slot + 1
+            out["cls_positions"][r, slot] = start
+            out["example_weights"][r, slot] = 1.0
+            out["example_index"][r, slot] = i
+            for key in targets:
+                out[key][r, slot] = arrays[key][i]
+            start += n
+    return out

@@ -31,6 +31,7 @@ from bertjax.data.tokenizers import load_tokenizer
 from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import init_params
 from bertjax.tasks import base as tasks
+from bertjax.tasks.features import PACKING_INPUTS, pack_rows
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 from bertjax.training.pretrain import compute_dtype
@@ -50,6 +51,7 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
     return dataclasses.replace(
         base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
+        remat_policy=model.remat_policy, scan_layers=model.scan_layers,
         dtype=compute_dtype(model.dtype))
 
 
@@ -91,9 +93,10 @@ def make_optimizer(opt: Any, total_steps: int):
 
 def objective(model, task: tasks.Task) -> Objective:
     def apply(params, batch, rng):
+        packing = {k: batch[k] for k in PACKING_INPUTS if k in batch}
         return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                            batch["segment_ids"], deterministic=rng is None,
-                           rngs=None if rng is None else {"dropout": rng})
+                           rngs=None if rng is None else {"dropout": rng}, **packing)
 
     def loss(outputs, micro_batch, normalizer):
         loss_sum = task.loss_sum(outputs, micro_batch)
@@ -108,17 +111,42 @@ def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
 
 
+def bucket_length(input_mask_NL: np.ndarray, bucket_lengths: Sequence[int]) -> int:
+    """The shortest of `bucket_lengths` (ascending) that holds every real token of the rows;
+    the rows' full length when none does."""
+    real_L = input_mask_NL.any(axis=0)
+    longest = int(np.flatnonzero(real_L)[-1]) + 1 if real_L.any() else 1
+    return next((b for b in bucket_lengths if b >= longest), input_mask_NL.shape[1])
+
+
+def trim(batch: dict[str, np.ndarray], length: int, full_length: int) -> dict[str, np.ndarray]:
+    """The batch's per-position arrays (axis 1 of size `full_length`) cut to `length`."""
+    return {k: v[:, :length] if v.ndim > 1 and v.shape[1] == full_length else v
+            for k, v in batch.items()}
+
+
 def training_batches(arrays: dict, keys: Sequence[str], batch_size: int, per_epoch: int,
-                     seed: int, start_step: int) -> Iterator[dict]:
+                     seed: int, start_step: int,
+                     bucket_lengths: Sequence[int] = ()) -> Iterator[dict]:
     """This process's rows of every batch from `start_step` on: epoch after epoch, each a
-    fresh permutation of the training features (the rows that do not fill a batch wait)."""
-    step = start_step
+    fresh permutation of the training features (the rows that do not fill a batch wait).
+
+    With `bucket_lengths`, each batch is cut to the shortest of them that holds its longest
+    example: only padding goes, and the few lengths keep XLA to a few compiled steps. The
+    length comes from the whole global batch, so every process cuts its rows alike.
+    """
+    step, full_length = start_step, arrays["input_ids"].shape[1]
     while True:
         epoch, offset = divmod(step, per_epoch)
         order = epoch_order(len(arrays["input_ids"]), seed, epoch)
         for offset in range(offset, per_epoch):
-            rows = sharding.local_rows(order[offset * batch_size:(offset + 1) * batch_size])
-            yield {k: arrays[k][rows] for k in keys}
+            global_rows = order[offset * batch_size:(offset + 1) * batch_size]
+            rows = sharding.local_rows(global_rows)
+            batch = {k: arrays[k][rows] for k in keys}
+            if bucket_lengths:
+                length = bucket_length(arrays["input_mask"][global_rows], bucket_lengths)
+                batch = trim(batch, length, full_length)
+            yield batch
         step = (epoch + 1) * per_epoch
 
 
@@ -154,10 +182,16 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     model = task.model(cfg, data.labels)
 
     batch_size, train_cfg = config.train.global_batch_size, config.train
-    per_epoch = len(data.train.features) // batch_size
+    train_arrays, keys = data.train.features.arrays, tasks.INPUTS + task.targets
+    if train_cfg.examples_per_row > 1:
+        train_arrays = pack_rows(train_arrays, task.targets, train_cfg.examples_per_row)
+        keys = tasks.INPUTS + PACKING_INPUTS + task.targets + ("example_weights",)
+    rows = len(train_arrays["input_ids"])
+    per_epoch = rows // batch_size
     if per_epoch == 0:
-        raise ValueError(f"the training set has {len(data.train.features)} features, fewer "
-                         f"than train.global_batch_size {batch_size}")
+        what = "packed rows" if train_cfg.examples_per_row > 1 else "features"
+        raise ValueError(f"the training set has {rows} {what}, fewer than "
+                         f"train.global_batch_size {batch_size}")
     total = max(1, round(train_cfg.num_epochs * per_epoch))
     tx, schedule = make_optimizer(config.optimizer, total)
     seq_len = config.task.max_seq_length
@@ -168,7 +202,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                       schedule=schedule, mesh=sharding.make_mesh(config.mesh.shape, devices),
                       rules=config.mesh.rules, global_batch_size=batch_size,
                       grad_accum_steps=config.optimizer.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed)
+                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
+                      dropout_rng=config.model.dropout_rng)
     sharding.check_batch_size(train_cfg.eval_batch_size, trainer.mesh, trainer.rules)
 
     def initial_params():
@@ -204,14 +239,13 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                                 "metrics": metrics})
             write_predictions(workdir, taskset.name, records, task)
 
-    keys = tasks.INPUTS + task.targets
     def epoch_end(s: int) -> bool:
         return s % per_epoch == 0 or s == total
 
     try:
         step, preempted = trainer.fit(
-            total, training_batches(data.train.features.arrays, keys, batch_size, per_epoch,
-                                    config.seed, trainer.step),
+            total, training_batches(train_arrays, keys, batch_size, per_epoch,
+                                    config.seed, trainer.step, train_cfg.bucket_lengths),
             log, eval_due=epoch_end, save_due=epoch_end,
             evaluate=lambda at: evaluate(at, data.evals),
             host_state=lambda: {"history": history, "window": log.window},

@@ -16,7 +16,8 @@ from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.tasks import base as tasks
-from bertjax.training.pretrain_config import DEFAULT_RULES, DTYPES, check_profile_steps
+from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout_rng,
+                                              check_profile_steps, check_remat_policy)
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -76,6 +77,17 @@ def defaults() -> ml_collections.ConfigDict:
     config.model.hidden_dropout_prob = 0.1
     config.model.attention_probs_dropout_prob = 0.1
     config.model.remat = False
+    # What remat keeps for the backward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # matmul outputs).
+    config.model.remat_policy = "nothing_saveable"
+    # One layer traced once and scanned over the depth (the program no longer grows with the
+    # number of layers); parameters and checkpoints keep their per-layer layout.
+    config.model.scan_layers = False
+    # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
+    # RngBitGenerator, native on TPUs and GPUs; on CPUs no reliable gain was measured). Any
+    # of them resumes exactly; they draw different masks.
+    config.model.dropout_rng = "threefry"
     # The first N encoder layers of the checkpoint (smaller, faster models); None: all.
     config.model.keep_layers = placeholder(int)
 
@@ -102,6 +114,16 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.global_batch_size = 32
     config.train.num_epochs = 3.0
     config.train.eval_batch_size = 64  # global; evaluation pads its last batch
+    # Ascending row lengths (<= task.max_seq_length) a training batch may be cut to: each
+    # batch keeps the shortest that holds its longest example, so short texts cost what
+    # they need and XLA compiles one step per length used. (): every batch at
+    # task.max_seq_length, as the original.
+    config.train.bucket_lengths = ()
+    # Up to this many training examples per row, each attending only to itself (positions
+    # restart, one pooled [CLS] each), so short texts fill the rows; global_batch_size then
+    # counts rows and the loss averages over the examples. Sentence (pair) classification
+    # and regression; 1: one example per row, as the original.
+    config.train.examples_per_row = 1
     config.train.log_every = 50
     config.train.keep_checkpoints = 2  # saved at every epoch end (and on preemption)
     config.train.peak_flops_per_device = 0.0  # for MFU; 0: known chips' table, else measured
@@ -138,7 +160,32 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
         raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
+    check_dropout_rng(config.model.dropout_rng)
+    check_remat_policy(config.model.remat_policy)
+    check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
+    if train.examples_per_row < 1:
+        raise ValueError(f"train.examples_per_row is {train.examples_per_row}: expected 1 (no "
+                         f"packing) or more")
+    if train.examples_per_row > 1 and not task.packable:
+        raise ValueError(f"train.examples_per_row {train.examples_per_row}: task.type "
+                         f"{task.name} has no per-example [CLS] target to pack; set it to 1")
+    if train.examples_per_row > 1 and train.bucket_lengths:
+        raise ValueError("train.examples_per_row > 1 fills the rows, train.bucket_lengths cuts "
+                         "their padding: set one of them")
     if config.optimizer.head_lr_multiplier <= 0:
         raise ValueError(f"optimizer.head_lr_multiplier {config.optimizer.head_lr_multiplier}: "
                          f"expected > 0")
     return task
+
+
+def check_bucket_lengths(lengths, max_seq_length: int, task: tasks.Task) -> None:
+    if not lengths:
+        return
+    if (list(lengths) != sorted(set(lengths)) or lengths[0] < 1
+            or lengths[-1] > max_seq_length):
+        raise ValueError(f"train.bucket_lengths {tuple(lengths)}: expected ascending distinct "
+                         f"lengths from 1 to task.max_seq_length {max_seq_length}")
+    if not task.padding_free_loss:
+        raise ValueError(f"train.bucket_lengths: task.type {task.name}'s loss reads the padding "
+                         f"positions too (as the original's), so cutting them would change it; "
+                         f"set train.bucket_lengths=()")

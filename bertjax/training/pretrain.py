@@ -64,7 +64,8 @@ def model_config(model: Any, vocab_size: int) -> BertConfig:
         max_position_embeddings=model.max_position_embeddings,
         hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob,
-        pre_layer_norm=model.pre_layer_norm, remat=model.remat, dtype=compute_dtype(model.dtype))
+        pre_layer_norm=model.pre_layer_norm, remat=model.remat, remat_policy=model.remat_policy,
+        scan_layers=model.scan_layers, dtype=compute_dtype(model.dtype))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
@@ -173,7 +174,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
                       tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
                       global_batch_size=train_cfg.global_batch_size,
                       grad_accum_steps=opt.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed)
+                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
+                      dropout_rng=config.model.dropout_rng)
 
     def initial_params():
         if jax.process_index() == 0:

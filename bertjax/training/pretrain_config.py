@@ -8,10 +8,12 @@ reads `config.x.y` and never guesses; `validate` checks the values before anythi
 
 from __future__ import annotations
 
+import jax
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax.models import presets
+from bertjax.training.trainer import DROPOUT_RNGS
 
 # Logical parameter axis -> mesh axes. 'batch' is the first axis of every input array.
 DEFAULT_RULES = (
@@ -46,6 +48,17 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.model.attention_probs_dropout_prob = 0.1
     config.model.pre_layer_norm = False
     config.model.remat = False
+    # What remat keeps for the backward pass: a jax.checkpoint_policies name
+    # (nothing_saveable: recompute everything; dots_with_no_batch_dims_saveable: keep the
+    # matmul outputs).
+    config.model.remat_policy = "nothing_saveable"
+    # One layer traced once and scanned over the depth (the program no longer grows with the
+    # number of layers); parameters and checkpoints keep their per-layer layout.
+    config.model.scan_layers = False
+    # Dropout's random bits: threefry (JAX's default) | rbg | unsafe_rbg (XLA's
+    # RngBitGenerator, native on TPUs and GPUs; on CPUs no reliable gain was measured). Any
+    # of them resumes exactly; they draw different masks.
+    config.model.dropout_rng = "threefry"
     # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
     config.model.dtype = "auto"
 
@@ -106,6 +119,18 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+def check_dropout_rng(name: str) -> None:
+    if name not in DROPOUT_RNGS:
+        raise ValueError(f"model.dropout_rng {name!r}: expected one of {', '.join(DROPOUT_RNGS)}")
+
+
+def check_remat_policy(name: str) -> None:
+    if not hasattr(jax.checkpoint_policies, name):
+        raise ValueError(f"model.remat_policy {name!r}: expected a name of "
+                         f"jax.checkpoint_policies (nothing_saveable, "
+                         f"dots_with_no_batch_dims_saveable, ...)")
+
+
 def check_profile_steps(steps) -> None:
     if len(steps) != 2 or not 0 <= steps[0] <= steps[1]:
         raise ValueError(f"train.profile_steps {tuple(steps)}: expected (first, last + 1) with "
@@ -124,6 +149,8 @@ def validate(config: ml_collections.ConfigDict) -> None:
             raise ValueError(f"train.{key} is {train[key]}: expected 0 (none) or more")
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
+    check_dropout_rng(model.dropout_rng)
+    check_remat_policy(model.remat_policy)
     check_profile_steps(train.profile_steps)
     if data.max_seq_length > model.max_position_embeddings:
         raise ValueError(f"data.max_seq_length {data.max_seq_length} exceeds "

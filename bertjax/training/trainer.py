@@ -53,14 +53,30 @@ class Objective:
     evaluate: Callable
 
 
+DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg")
+
+
+def dropout_key(key: jax.Array, impl: str) -> jax.Array:
+    """The dropout key of a (micro-)step, drawn from its threefry `key` (what checkpoints
+    hold, whatever `impl`): itself, or a key of JAX's `rbg` / `unsafe_rbg` generators seeded
+    from it, whose bits come from XLA's RngBitGenerator (cheap on TPUs and GPUs). A function
+    of (seed, step, micro-batch) either way, so a resumed run draws the same masks."""
+    if impl == "threefry":
+        return key
+    return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl=impl)
+
+
 def make_train_step(objective: Objective, tx: optax.GradientTransformation,
-                    schedule: optax.Schedule, grad_accum_steps: int):
+                    schedule: optax.Schedule, grad_accum_steps: int,
+                    dropout_rng: str = "threefry"):
     def train_step(state: TrainState, batch: dict, rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
         normalizers = objective.normalizers(batch)
 
         def loss_fn(params, micro_batch, index):
-            outputs = objective.apply(params, micro_batch, jax.random.fold_in(step_rng, index))
+            outputs = objective.apply(params, micro_batch,
+                                      dropout_key(jax.random.fold_in(step_rng, index),
+                                                  dropout_rng))
             return objective.loss(outputs, micro_batch, normalizers)
 
         (loss, sums), grads = optimizers.accumulate_gradients(loss_fn, state.params, batch,
@@ -96,7 +112,8 @@ class Trainer:
     def __init__(self, *, workdir: str, init: Callable, objective: Objective,
                  tx: optax.GradientTransformation, schedule: optax.Schedule,
                  mesh: jax.sharding.Mesh, rules: sharding.Rules, global_batch_size: int,
-                 grad_accum_steps: int, keep_checkpoints: int, seed: int):
+                 grad_accum_steps: int, keep_checkpoints: int, seed: int,
+                 dropout_rng: str = "threefry"):
         self.workdir, self.tx, self.mesh = workdir, tx, mesh
         self.rules = sharding.check_rules(rules)
         sharding.check_batch_size(global_batch_size, self.mesh, self.rules, grad_accum_steps)
@@ -116,7 +133,7 @@ class Trainer:
         self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
         state_sh = TrainState(self.replicated, self.param_shardings, self.opt_shardings)
         self.train_step = self._in_mesh(jax.jit(
-            make_train_step(objective, tx, schedule, grad_accum_steps),
+            make_train_step(objective, tx, schedule, grad_accum_steps, dropout_rng),
             in_shardings=(state_sh, self.batch_sharding, self.replicated),
             out_shardings=(state_sh, self.replicated), donate_argnums=(0,)))
         self.eval_step = self._in_mesh(jax.jit(

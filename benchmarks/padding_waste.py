@@ -1,0 +1,140 @@
+"""Real tokens per row of fine-tuning batches on real data: padded to max_seq_length (the
+original), cut to length buckets (`train.bucket_lengths`), packed (`train.examples_per_row`);
+with --steps, the training speed of each in examples per second.
+
+  PYTHONPATH=.:tests python benchmarks/padding_waste.py
+  PYTHONPATH=.:tests python benchmarks/padding_waste.py --max_seq_length=256 --batch=32
+  PYTHONPATH=.:tests python benchmarks/padding_waste.py --steps=4 --size=mini
+
+The data are the fine-tuning benchmark's short-text sets (tests/real_data.py): the 10,605
+VADER movie-review snippets (single sentences) and 2,000 Austen sentence pairs, tokenized
+by the MiniLM WordPiece vocabulary as bertjax's classification features. Bucketed batches are
+one epoch of the training order (fixed-seed permutation, batch --batch); the share is real
+tokens over the positions the steps compute (rows x their length), so it is the fraction of
+the encoder's work that is not padding.
+
+--steps times the fine-tuning train step (regression on the VADER scores, the --size preset
+with the MiniLM vocabulary, dropout 0.1, the default optimizer, one device) on the first
+--steps batches of each kind, in turns, best of --repeats, after running every batch shape
+once (compilation): examples trained per second, padded vs bucketed vs packed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import flax.linen as nn
+import jax
+import numpy as np
+
+import real_data  # tests/: the real-data builders the tests use
+from bertjax.tasks.classify import TextExample, classification_features
+from bertjax.models import presets
+from bertjax.models.heads import BertForSequenceClassification, init_params
+from bertjax.tasks import base as tasks
+from bertjax.tasks.features import PACKING_INPUTS, pack_rows
+from bertjax.training import finetune, finetune_config, metrics, trainer
+from task_data import wordpiece
+
+
+def cpu_line() -> str:
+    return f"{jax.devices()[0].device_kind} x1, {os.cpu_count()} CPUs, load average " \
+           f"{os.getloadavg()[0]:.2f}"
+
+
+def shares(mask: np.ndarray, batch: int, buckets: tuple[int, ...], per_row: int) -> dict:
+    real = int(mask.sum())
+    order = finetune.epoch_order(len(mask), 0, 0)
+    batches = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
+    bucketed = sum(len(rows) * finetune.bucket_length(mask[rows], buckets) for rows in batches)
+    kept = sum(int(mask[rows].sum()) for rows in batches)
+    packed = pack_rows({"input_mask": mask, "input_ids": mask, "segment_ids": mask}, (),
+                       per_row)["input_mask"]
+    return {"rows": len(mask), "padded": real / mask.size, "bucketed": kept / bucketed,
+            "packed rows": len(packed), "packed": real / packed.size}
+
+
+def training_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, float]:
+    """Examples per second of the first `args.steps` training batches, padded, bucketed
+    and packed."""
+    settings = finetune_config.defaults()
+    task = tasks.get("regression")(settings.task)
+    model = BertForSequenceClassification(presets.preset(args.size, vocab_size=30522), 1)
+    tx, schedule = finetune.make_optimizer(settings.optimizer, 1000)
+    step = jax.jit(trainer.make_train_step(finetune.objective(model, task), tx, schedule, 1))
+    params = nn.unbox(init_params(model, jax.random.PRNGKey(0)))
+    state = trainer.TrainState(jax.numpy.zeros((), jax.numpy.int32), params, tx.init(params))
+    keys = tasks.INPUTS + task.targets
+    packed = pack_rows(arrays, task.targets, args.examples_per_row)
+    packed_keys = keys + PACKING_INPUTS + ("example_weights",)
+    kinds = {}
+    for name, source, source_keys, cut in (("padded", arrays, keys, ()),
+                                           ("bucketed", arrays, keys, buckets),
+                                           ("packed", packed, packed_keys, ())):
+        per_epoch = len(source["input_ids"]) // args.batch
+        batches = finetune.training_batches(source, source_keys, args.batch, per_epoch, 0, 0,
+                                            cut)
+        chosen = [next(batches) for _ in range(args.steps)]
+        examples = sum(float(b["example_weights"].sum()) if "example_weights" in b
+                       else len(b["input_ids"]) for b in chosen)
+        kinds[name] = ([jax.device_put(b) for b in chosen], examples)
+    rng = jax.random.PRNGKey(1)
+    for batches, _ in kinds.values():  # compile every shape
+        for batch in batches:
+            jax.block_until_ready(step(state, batch, rng))
+    best = {name: float("inf") for name in kinds}
+    for _ in range(args.repeats):
+        for name, (batches, _) in kinds.items():
+            start = time.perf_counter()
+            for batch in batches:
+                jax.block_until_ready(step(state, batch, rng))
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: kinds[name][1] / best[name] for name in kinds}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--max_seq_length", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--buckets", default="16,32,48,64,96")
+    parser.add_argument("--examples_per_row", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--size", default="mini")
+    args = parser.parse_args()
+    buckets = tuple(int(b) for b in args.buckets.split(","))
+    tokenizer = wordpiece()
+    sets = {"VADER movie snippets": [TextExample(str(i), text, label=score)
+                                     for i, (text, score) in enumerate(
+                                         real_data.vader_movie_snippets())],
+            "Austen sentence pairs": [TextExample(str(i), a, b, label=score) for i, (a, b, score)
+                                      in enumerate(real_data.austen_pairs(2000))]}
+    print(f"command: python {' '.join(sys.argv)}")
+    print(f"max_seq_length {args.max_seq_length}, batch {args.batch}, buckets {buckets}, up "
+          f"to {args.examples_per_row} examples per packed row")
+    print("| data | examples | real tokens per row: padded | bucketed | packed (rows) |")
+    print("|---|---:|---:|---:|---:|")
+    for name, examples in sets.items():
+        features = classification_features(examples, tokenizer, args.max_seq_length,
+                                           regression=True)
+        s = shares(features.arrays["input_mask"], args.batch, buckets, args.examples_per_row)
+        print(f"| {name} | {s['rows']:,} | {100 * s['padded']:.1f}% | "
+              f"{100 * s['bucketed']:.1f}% | {100 * s['packed']:.1f}% "
+              f"({s['packed rows']:,}) |")
+        if name.startswith("VADER"):
+            vader = features.arrays
+    if args.steps:
+        peak = metrics.measure_matmul_flops(size=2048, repeats=5)
+        print(f"\ntraining speed, VADER, {args.size}, {args.steps} steps of batch {args.batch} "
+              f"rows; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+        rates = training_speed(vader, args, buckets)
+        for name, rate in rates.items():
+            print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+
+
+if __name__ == "__main__":
+    main()
