@@ -17,6 +17,7 @@ from bertjax.convert import files
 from bertjax.convert.params import Log
 from bertjax.convert.result import Converted
 from bertjax.models.heads import BertForPreTraining, param_shapes
+from bertjax.models.seq2seq import Bert2Bert
 from bertjax.training import checkpoints
 
 FORMATS = ("bertjax", "hf", "tf")
@@ -29,8 +30,11 @@ def _stderr(line: str) -> None:
 def read_bertjax(path: str) -> Converted:
     """A model directory, or a workdir that holds a model (see `checkpoints.open_model`)."""
     source = checkpoints.open_model(path)
+    # A model directory holding a decoder is a Bert2Bert (a converted EncoderDecoderModel or
+    # a fine-tuned seq2seq model).
+    model = Bert2Bert if "decoder" in source.param_metadata() else BertForPreTraining
     params = source.load_params(checkpoints.on_first_device(
-        param_shapes(BertForPreTraining(source.config))))
+        param_shapes(model(source.config))))
     return Converted(source.config, params, [], files.tokenizer_files(source.tokenizer_dir))
 
 
