@@ -103,6 +103,21 @@ class Task(abc.ABC):
         """What evaluation brings back to the host from the model's outputs."""
         return outputs
 
+    def forward(self, module, variables: dict, batch: dict, **kwargs):
+        """The model's outputs on a batch (training; evaluation through `infer`). A task
+        whose model reads more than INPUTS (its targets, for teacher forcing) says so here."""
+        return module.apply(variables, *(batch[k] for k in INPUTS), **kwargs)
+
+    def infer(self, module, params, batch: dict):
+        """What evaluation and prediction bring back from a batch of INPUTS (jitted): the
+        deterministic outputs, fetched; a generating task decodes here."""
+        return self.fetch(self.forward(module, {"params": params}, batch, deterministic=True))
+
+    def warm_start(self, params: dict) -> dict:
+        """The starting parameters from the checkpoint's encoder (`bert`) and the fresh rest:
+        a task may initialise more of its model from the encoder."""
+        return params
+
     # --- evaluation and prediction -----------------------------------------------------------
 
     @abc.abstractmethod

@@ -91,9 +91,10 @@ def make_optimizer(opt: Any, total_steps: int):
 
 def objective(model, task: tasks.Task) -> Objective:
     def apply(params, batch, rng):
-        return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                           batch["segment_ids"], deterministic=rng is None,
-                           rngs=None if rng is None else {"dropout": rng})
+        if rng is None:  # evaluation: what the task brings back (a generating task decodes)
+            return task.infer(model, params, batch)
+        return task.forward(model, {"params": params}, batch, deterministic=False,
+                            rngs={"dropout": rng})
 
     def loss(outputs, micro_batch, normalizer):
         loss_sum = task.loss_sum(outputs, micro_batch)
@@ -101,7 +102,7 @@ def objective(model, task: tasks.Task) -> Objective:
 
     return Objective(apply=apply, normalizers=task.normalizer, loss=loss,
                      metrics=lambda value, _: {"loss": value},
-                     evaluate=lambda outputs, _: task.fetch(outputs))
+                     evaluate=lambda outputs, _: outputs)
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
@@ -173,7 +174,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
 
     def initial_params():
         encoder = load_encoder(source, cfg.num_hidden_layers, trainer.mesh, trainer.rules)
-        params = {"bert": encoder, **trainer.fresh_params(exclude=("bert",))}
+        params = task.warm_start({"bert": encoder, **trainer.fresh_params(exclude=("bert",))})
         if jax.process_index() == 0:
             files.write_text(files.path(workdir) / "run_config.json",
                              config.to_json_best_effort(indent=2))

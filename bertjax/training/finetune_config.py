@@ -64,9 +64,19 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.max_answer_length = 30
     config.task.version_2 = False  # SQuAD 2.0: questions may have no answer
     config.task.null_threshold = 0.0  # v2.0: no answer when null score - best span > this
+    # seq2seq: decoder positions ([CLS] target [SEP]; longer targets are an error, and
+    # generation stops there), beam search (1: greedy; length_penalty divides a finished
+    # hypothesis' log-probability by its length to this power; early_stopping: stop a
+    # sentence's search at num_beams finished hypotheses), and label smoothing of the
+    # teacher-forced loss.
+    config.task.max_target_length = 64
+    config.task.num_beams = 4
+    config.task.length_penalty = 1.0
+    config.task.early_stopping = False
+    config.task.label_smoothing = 0.0
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
     # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
-    # token_accuracy; squad: F1).
+    # token_accuracy; squad: F1; seq2seq: bleu).
     config.task.best_metric = ""
     config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
 
