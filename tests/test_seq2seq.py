@@ -140,6 +140,23 @@ def test_cached_decoding_equals_teacher_forcing_and_compiles_once():
     assert decoding.generate._cache_size() == compiled  # other inputs and lengths: no compile
 
 
+def test_sampling_is_seeded_and_top_k_1_is_greedy():
+    model = Bert2Bert(TINY)
+    params = nn.unbox(init_params(model, jax.random.PRNGKey(0)))
+    ids = np.random.default_rng(1).integers(5, 99, (3, 6)).astype(np.int32)
+    args = (model, params, ids, np.ones_like(ids), np.zeros_like(ids))
+    greedy = decoding.generate(*args, decoding.Settings(start_id=1, eos_id=2, pad_id=0,
+                                                        max_length=8))
+    top1 = decoding.Settings(start_id=1, eos_id=2, pad_id=0, max_length=8, sample=True,
+                             top_k=1, temperature=0.7)
+    np.testing.assert_array_equal(decoding.generate(*args, top1, jax.random.PRNGKey(5)), greedy)
+    hot = decoding.Settings(start_id=1, eos_id=2, pad_id=0, max_length=8, sample=True,
+                            temperature=5.0, top_p=0.9)
+    first = decoding.generate(*args, hot, jax.random.PRNGKey(3))
+    np.testing.assert_array_equal(decoding.generate(*args, hot, jax.random.PRNGKey(3)), first)
+    assert not np.array_equal(decoding.generate(*args, hot, jax.random.PRNGKey(4)), first)
+
+
 def test_unilm_mask_hides_the_future_and_the_target_from_the_source():
     model = UniLM(TINY)
     params = nn.unbox(init_params(model, jax.random.PRNGKey(0)))

@@ -88,3 +88,32 @@ def test_named_errors_for_an_empty_source_and_a_long_target(tmp_path):
     with pytest.raises(ValueError, match=r"long.tsv:2: the target is 12 tokens .* "
                                          r"task.max_target_length 6"):
         task.featurize(task.read(path, labelled=True), wordpiece(), None)
+
+
+def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
+    import flax.linen as nn
+    import numpy as np
+    from bertjax.models.heads import init_params
+    from finetune_helpers import TINY
+
+    task = tasks.get("seq2seq")(tiny_config("unused", type="seq2seq").task)
+    fresh = nn.unbox(init_params(task.model(TINY, None), jax.random.PRNGKey(0)))
+    encoder, decoder = fresh["bert"], fresh["decoder"]
+
+    warm = task.warm_start(fresh, {})
+    layer, enc_layer = (warm["decoder"]["bert"]["encoder"]["layer_1"],
+                        encoder["encoder"]["layer_1"])
+    for name in ("attention", "attention_layer_norm", "intermediate", "output"):
+        jax.tree.map(np.testing.assert_array_equal, layer[name], enc_layer[name])
+    jax.tree.map(np.testing.assert_array_equal, warm["decoder"]["bert"]["embeddings"],
+                 encoder["embeddings"])
+    jax.tree.map(np.testing.assert_array_equal, layer["crossattention"],
+                 decoder["bert"]["encoder"]["layer_1"]["crossattention"])  # fresh
+    mlm = jax.tree.map(lambda x: x + 1, decoder["mlm"])  # a pretraining checkpoint's head
+    assert task.warm_start(fresh, {"mlm": mlm})["decoder"]["mlm"] is mlm
+    trained = jax.tree.map(lambda x: x * 2, decoder)  # a converted EncoderDecoderModel's
+    assert task.warm_start(fresh, {"decoder": trained})["decoder"] is trained
+    shorter = {**trained, "bert": {**trained["bert"], "encoder": {
+        "layer_0": trained["bert"]["encoder"]["layer_0"]}}}
+    with pytest.raises(ValueError, match="init_checkpoint's decoder does not fit the model"):
+        task.warm_start(fresh, {"decoder": shorter})

@@ -113,9 +113,10 @@ class Task(abc.ABC):
         deterministic outputs, fetched; a generating task decodes here."""
         return self.fetch(self.forward(module, {"params": params}, batch, deterministic=True))
 
-    def warm_start(self, params: dict) -> dict:
-        """The starting parameters from the checkpoint's encoder (`bert`) and the fresh rest:
-        a task may initialise more of its model from the encoder."""
+    def warm_start(self, params: dict, checkpoint: dict) -> dict:
+        """The starting parameters from the checkpoint's encoder (`bert`) and the fresh rest;
+        `checkpoint` holds the checkpoint's other parameters by name (its heads). A task may
+        initialise more of its model from them or from the encoder."""
         return params
 
     # --- evaluation and prediction -----------------------------------------------------------

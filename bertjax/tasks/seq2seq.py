@@ -52,6 +52,16 @@ def score(predictions: list[str], references: list[str]) -> dict:
             "rougeL": 100.0 * float(np.mean(rouge))}
 
 
+def _check_same_shapes(stored, expected) -> None:
+    def shapes(tree):
+        return {jax.tree_util.keystr(p): tuple(x.shape)
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    differ = sorted(set(shapes(stored).items()) ^ set(shapes(expected).items()))
+    if differ:
+        raise ValueError(f"init_checkpoint's decoder does not fit the model (model.keep_layers "
+                         f"or another architecture?): {differ[0][0]} differs")
+
+
 @register
 class Seq2Seq(Classification):
     """Reads its files as a one-column classification task does, the target as the label."""
@@ -117,15 +127,24 @@ class Seq2Seq(Classification):
                              f"{config.max_position_embeddings}")
         return Bert2Bert(config)
 
-    def warm_start(self, params: dict) -> dict:
-        """The decoder's embeddings and layers from the encoder (copies: the two train
-        apart); its cross-attention and LM head stay fresh."""
-        encoder, decoder = params["bert"], params["decoder"]["bert"]
+    def warm_start(self, params: dict, checkpoint: dict) -> dict:
+        """A checkpoint that has a decoder (a converted EncoderDecoderModel, a seq2seq model)
+        gives it whole. Otherwise the decoder's embeddings and layers are copies of the
+        encoder's (the two train apart) and its LM head the checkpoint's masked-LM head if
+        it has one; cross-attention starts fresh."""
+        fresh = params["decoder"]
+        if "decoder" in checkpoint:
+            _check_same_shapes(checkpoint["decoder"], fresh)
+            return {**params, "decoder": checkpoint["decoder"]}
+        encoder, decoder = params["bert"], fresh["bert"]
         copied = {"embeddings": encoder["embeddings"],
                   "encoder": {name: {**decoder["encoder"][name], **layer}
                               for name, layer in encoder["encoder"].items()}}
-        copied = jax.tree.map(jnp.copy, copied)
-        return {**params, "decoder": {**params["decoder"], "bert": copied}}
+        head = fresh["mlm"]
+        if "mlm" in checkpoint:
+            _check_same_shapes(checkpoint["mlm"], head)
+            head = checkpoint["mlm"]
+        return {**params, "decoder": {"bert": jax.tree.map(jnp.copy, copied), "mlm": head}}
 
     def normalizer(self, batch: dict):
         return jnp.sum(batch["target_mask"][:, 1:]).astype(jnp.float32)

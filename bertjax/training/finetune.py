@@ -56,6 +56,13 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
     """The checkpoint's `bert` parameters (its first `layers` layers), sharded for `mesh`;
     whatever else it holds (pretraining or task heads) is read and dropped."""
+    return load_checkpoint(source, layers, mesh, rules)[0]
+
+
+def load_checkpoint(source: checkpoints.ModelSource, layers: int, mesh,
+                    rules) -> tuple[dict, dict]:
+    """(the checkpoint's `bert` parameters, its first `layers` layers, sharded for `mesh`;
+    the rest of its parameters by name (pretraining or task heads, a decoder), replicated)."""
     stored = source.param_metadata()
     if "bert" not in stored:
         raise ValueError(f"init_checkpoint {source.params_dir}: its parameters have no 'bert' "
@@ -68,10 +75,11 @@ def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> d
     abstract = {name: encoder if name == "bert" else jax.tree.map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=other), tree)
         for name, tree in stored.items()}
-    bert = source.load_params(abstract)["bert"]
+    rest = source.load_params(abstract)
+    bert = rest.pop("bert")
     kept = {name: layer for name, layer in bert["encoder"].items()
             if not name.startswith("layer_") or int(name[len("layer_"):]) < layers}
-    return {**bert, "encoder": kept}
+    return {**bert, "encoder": kept}, rest
 
 
 def make_optimizer(opt: Any, total_steps: int):
@@ -173,8 +181,11 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     sharding.check_batch_size(train_cfg.eval_batch_size, trainer.mesh, trainer.rules)
 
     def initial_params():
-        encoder = load_encoder(source, cfg.num_hidden_layers, trainer.mesh, trainer.rules)
-        params = task.warm_start({"bert": encoder, **trainer.fresh_params(exclude=("bert",))})
+        encoder, rest = load_checkpoint(source, cfg.num_hidden_layers, trainer.mesh,
+                                        trainer.rules)
+        params = task.warm_start({"bert": encoder, **trainer.fresh_params(exclude=("bert",))},
+                                 rest)
+        params = jax.device_put(params, trainer.param_shardings)  # what warm_start moved
         if jax.process_index() == 0:
             files.write_text(files.path(workdir) / "run_config.json",
                              config.to_json_best_effort(indent=2))
