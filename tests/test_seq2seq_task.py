@@ -117,3 +117,11 @@ def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
         "layer_0": trained["bert"]["encoder"]["layer_0"]}}}
     with pytest.raises(ValueError, match="init_checkpoint's decoder does not fit the model"):
         task.warm_start(fresh, {"decoder": shorter})
+
+    tied_task = tasks.get("seq2seq")(tiny_config("unused", type="seq2seq",
+                                                 tie_encoder_decoder=True).task)
+    tied = nn.unbox(init_params(tied_task.model(TINY, None), jax.random.PRNGKey(0)))
+    warm = tied_task.warm_start(tied, {"mlm": mlm})
+    assert warm["decoder"]["mlm"] is mlm and warm["bert"] is tied["bert"]
+    assert set(warm["decoder"]["bert"]["encoder"]["layer_0"]) == {
+        "crossattention", "crossattention_layer_norm"}

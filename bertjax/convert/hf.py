@@ -22,7 +22,7 @@ from bertjax.convert import files, table
 from bertjax.convert.params import Log, read_params, write_tensors
 from bertjax.convert.result import Converted
 from bertjax.models.bert import BertConfig
-from bertjax.models.seq2seq import Bert2Bert
+from bertjax.models.seq2seq import Bert2Bert, is_tied
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -59,13 +59,14 @@ def config_to_hf(config: BertConfig, architecture: str, pad_token_id: int | None
     return hf
 
 
-def encoder_decoder_config_to_hf(config: BertConfig, pad_token_id: int | None) -> dict:
+def encoder_decoder_config_to_hf(config: BertConfig, pad_token_id: int | None,
+                                 tied: bool = False) -> dict:
     """What `transformers.EncoderDecoderModel.from_pretrained` reads for a Bert2Bert."""
     decoder = {**config_to_hf(config, "BertLMHeadModel", pad_token_id), "is_decoder": True,
                "add_cross_attention": True}
     hf = {"architectures": ["EncoderDecoderModel"], "model_type": "encoder-decoder",
           "is_encoder_decoder": True, "encoder": config_to_hf(config, "BertModel", pad_token_id),
-          "decoder": decoder}
+          "decoder": decoder, "tie_encoder_decoder": tied}
     if pad_token_id is not None:
         hf["pad_token_id"] = pad_token_id
     return hf
@@ -202,14 +203,40 @@ def _encoder_decoder_config(hf: dict, path: str) -> BertConfig:
 def _read_encoder_decoder(directory: str, hf: dict, config_path: str, seed: int, log: Log,
                           strict: bool) -> Converted:
     config = _encoder_decoder_config(hf, config_path)
+    tied = bool(hf.get("tie_encoder_decoder", False))
     source = HFSource(directory, _normalise_norms)
-    _resolve_tied(source, log, table.ED_DECODER_WEIGHT, table.ED_DECODER_BIAS,
-                  table.ED_WORD_EMBEDDINGS, table.ED_MLM_BIAS)
+    if tied:
+        _drop_shared(source, config.num_hidden_layers, log)
+    words = (table.HF_WORD_EMBEDDINGS.replace("bert.", "encoder.", 1) if tied
+             else table.ED_WORD_EMBEDDINGS)
+    _resolve_tied(source, log, table.ED_DECODER_WEIGHT, table.ED_DECODER_BIAS, words,
+                  table.ED_MLM_BIAS)
     params, fresh, skipped = read_params(
-        config, source, "hf", seed, log, strict, model=Bert2Bert(config),
-        rows=table.encoder_decoder(config.num_hidden_layers),
+        config, source, "hf", seed, log, strict,
+        model=Bert2Bert(config, tie_encoder_decoder=tied),
+        rows=table.encoder_decoder(config.num_hidden_layers, tied),
         encoder_prefixes=table.ED_PREFIXES)
     return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
+
+
+def _drop_shared(source: HFSource, num_hidden_layers: int, log: Log) -> None:
+    """tie_encoder_decoder: the decoder tensors that are the encoder's are dropped after
+    checking they are. transformers saves one name of each tied group, which may be the
+    decoder's: then it is the encoder's tensor, renamed."""
+    dropped = 0
+    for name, encoder_name in table.ed_shared_names(num_hidden_layers).items():
+        if name not in source.names():
+            continue
+        if encoder_name not in source.names():
+            source.rename(name, encoder_name)
+            continue
+        if not np.array_equal(source.get(name), source.get(encoder_name)):
+            raise ValueError(f"{source.path}: {source.label(name)} is not the encoder's "
+                             f"{encoder_name}, though the config ties encoder and decoder")
+        source.pop(name)
+        dropped += 1
+    if dropped:
+        log(f"ignoring {dropped} decoder tensors tied to the encoder's")
 
 
 def read_hf(directory: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
@@ -240,13 +267,17 @@ def write_hf(directory: str, converted: Converted, overwrite: bool = False,
     config = converted.config
     pad_id = _pad_id(converted.tokenizer_files)
     if "decoder" in converted.params:
+        tied = is_tied(converted.params)
+        layers = config.num_hidden_layers
         tensors = dict(write_tensors(config, converted.params, "hf", log,
-                                     model=Bert2Bert(config),
-                                     rows=table.encoder_decoder(config.num_hidden_layers)))
-        # Written out although tied, as transformers' own BertLMHeadModel state dict has it.
+                                     model=Bert2Bert(config, tie_encoder_decoder=tied),
+                                     rows=table.encoder_decoder(layers, tied)))
+        if tied:  # written out although tied, as transformers' own state dict has them
+            tensors.update({name: tensors[encoder_name] for name, encoder_name
+                            in table.ed_shared_names(layers).items()})
         tensors[table.ED_DECODER_WEIGHT] = tensors[table.ED_WORD_EMBEDDINGS]
         tensors[table.ED_DECODER_BIAS] = tensors[table.ED_MLM_BIAS]
-        hf_config = encoder_decoder_config_to_hf(config, pad_id)
+        hf_config = encoder_decoder_config_to_hf(config, pad_id, tied)
     else:
         tensors = dict(write_tensors(config, converted.params, "hf", log))
         heads = table.HF_MLM_BIAS in tensors and "cls.seq_relationship.weight" in tensors

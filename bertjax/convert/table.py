@@ -163,15 +163,18 @@ def _moved(row: Row, ours: str, tf: str, hf: str) -> Row:
     return Row(ours + row.ours, tf + row.tf, hf + row.hf, row.kind)
 
 
-def encoder_decoder(num_hidden_layers: int) -> list[Row]:
+def encoder_decoder(num_hidden_layers: int, tied: bool = False) -> list[Row]:
     """The table for `seq2seq.Bert2Bert` <-> a Hugging Face EncoderDecoderModel of two
     BERTs (`encoder` a BertModel, `decoder` a BertLMHeadModel with cross-attention). The TF
-    names are the pretraining table's under `encoder/` and `decoder/`."""
+    names are the pretraining table's under `encoder/` and `decoder/`. `tied`
+    (tie_encoder_decoder): the decoder's embeddings and self-attention and feed-forward
+    weights are the encoder's, and have no rows (see `ed_shared_names`)."""
     base = rows(num_hidden_layers)
     table = [Row(r.ours, "encoder/" + r.tf, "encoder" + r.hf[len("bert"):], r.kind)
              for r in base if r.ours.startswith("bert/")]
+    shared = () if tied else ("bert/embeddings/", "bert/encoder/")
     table += [_moved(r, "decoder/", "decoder/", "decoder.") for r in base
-              if r.ours.startswith(("bert/embeddings/", "bert/encoder/", "mlm/"))]
+              if r.ours.startswith((*shared, "mlm/"))]
     for i in range(num_hidden_layers):
         ours, tf = f"decoder/bert/encoder/layer_{i}", f"decoder/bert/encoder/layer_{i}"
         hf = f"decoder.bert.encoder.layer.{i}"
@@ -180,6 +183,13 @@ def encoder_decoder(num_hidden_layers: int) -> list[Row]:
         table += _norm(f"{ours}/crossattention_layer_norm", f"{tf}/crossattention/output/LayerNorm",
                        f"{hf}.crossattention.output.LayerNorm")
     return table
+
+
+def ed_shared_names(num_hidden_layers: int) -> dict[str, str]:
+    """Hugging Face name of each tied decoder tensor -> the encoder tensor it is."""
+    return {"decoder." + r.hf: "encoder" + r.hf[len("bert"):]
+            for r in rows(num_hidden_layers)
+            if r.ours.startswith(("bert/embeddings/", "bert/encoder/"))}
 
 
 def optional_part(ours: str) -> str | None:

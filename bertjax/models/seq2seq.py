@@ -118,17 +118,21 @@ class DecoderLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TT, context_BSD, context_mask_B11S, deterministic: bool,
-                 decode_at=None, cache_length: int = 0):
+                 decode_at=None, cache_length: int = 0, cross=None):
+        """`context_BSD` None: no cross-attention (a tied stack running as the encoder).
+        `cross`: the (CrossAttention, LayerNorm) of a tied decoder, which owns them."""
         c = self.config
         dropout = nn.Dropout(c.hidden_dropout_prob)
         attention = CausalSelfAttention(c, name="attention")
-        cross = CrossAttention(c, name="crossattention")
         x_BTD = residual(c, x_BTD, _layer_norm(c, "attention_layer_norm"),
                          lambda h: attention(h, mask_B1TT, deterministic, decode_at,
                                              cache_length), dropout, deterministic)
-        x_BTD = residual(c, x_BTD, _layer_norm(c, "crossattention_layer_norm"),
-                         lambda h: cross(h, context_BSD, context_mask_B11S, deterministic,
-                                         decode_at is not None), dropout, deterministic)
+        if context_BSD is not None:
+            attend, norm = cross or (CrossAttention(c, name="crossattention"),
+                                     _layer_norm(c, "crossattention_layer_norm"))
+            x_BTD = residual(c, x_BTD, norm,
+                             lambda h: attend(h, context_BSD, context_mask_B11S, deterministic,
+                                              decode_at is not None), dropout, deterministic)
         return residual(c, x_BTD, _layer_norm(c, "output_layer_norm"),
                         lambda h: feed_forward(c, h), dropout, deterministic)
 
@@ -138,12 +142,13 @@ class DecoderLayers(nn.Module):
 
     @nn.compact
     def __call__(self, x_BTD, mask_B1TT, context_BSD, context_mask_B11S, deterministic: bool,
-                 decode_at=None, cache_length: int = 0):
+                 decode_at=None, cache_length: int = 0, cross_blocks=None):
         c = self.config
         for i in range(c.num_hidden_layers):
+            cross = None if cross_blocks is None else cross_blocks[i].modules()
             x_BTD = DecoderLayer(c, name=f"layer_{i}")(x_BTD, mask_B1TT, context_BSD,
                                                         context_mask_B11S, deterministic,
-                                                        decode_at, cache_length)
+                                                        decode_at, cache_length, cross)
         if c.pre_layer_norm:
             x_BTD = _layer_norm(c, "final_layer_norm")(x_BTD)
         return x_BTD
@@ -160,16 +165,87 @@ class DecoderModel(nn.Module):
         self.encoder = DecoderLayers(self.config)
 
     def __call__(self, ids_BT, mask_BT, context_BSD, context_mask_BS, deterministic: bool,
-                 decode_at=None, cache_length: int = 0):
+                 decode_at=None, cache_length: int = 0, cross_blocks=None):
         x_BTD = self.embeddings(ids_BT, jnp.zeros_like(ids_BT), deterministic,
                                 0 if decode_at is None else decode_at)
         mask_B1TT = None if decode_at is not None else causal_mask(mask_BT)
         context_mask_B11S = context_mask_BS.astype(bool)[:, None, None, :]
         return self.encoder(x_BTD, mask_B1TT, context_BSD, context_mask_B11S, deterministic,
-                            decode_at, cache_length)
+                            decode_at, cache_length, cross_blocks)
 
     def attend(self, x_BTD):
         return self.embeddings.attend(x_BTD)
+
+
+class TiedStack(DecoderModel):
+    """tie_encoder_decoder: one BERT (BertModel's parameter names, pooler included) that runs
+    as the encoder and, with causal self-attention and the decoder's cross-attention blocks,
+    as the decoder."""
+
+    def setup(self):
+        super().setup()
+        self.pooler = _dense(self.config, self.config.hidden_size, ("embed", "mlp"), "pooler")
+
+    def encode(self, input_ids, input_mask, segment_ids, deterministic: bool):
+        x_BSD = self.embeddings(input_ids, segment_ids, deterministic)
+        mask_B11S = input_mask.astype(bool)[:, None, None, :]
+        x_BSD = self.encoder(x_BSD, mask_B11S, None, None, deterministic)
+        # Unused by generation; computed so the pooler's parameters exist, as in BertModel.
+        return x_BSD, jnp.tanh(self.pooler(x_BSD[:, 0]))
+
+
+class CrossBlock(nn.Module):
+    """A tied decoder layer's own parameters: its cross-attention and that LayerNorm."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.crossattention = CrossAttention(self.config)
+        self.crossattention_layer_norm = _layer_norm(self.config, "crossattention_layer_norm")
+
+    def modules(self):
+        return self.crossattention, self.crossattention_layer_norm
+
+
+class _CrossBlocks(nn.Module):
+    """Places the blocks at `encoder/layer_i`, where an untied decoder has them."""
+
+    config: BertConfig
+
+    def setup(self):
+        self.layer = [CrossBlock(self.config) for _ in range(self.config.num_hidden_layers)]
+
+
+class _TiedDecoderBert(nn.Module):
+    config: BertConfig
+
+    def setup(self):
+        self.encoder = _CrossBlocks(self.config)
+
+
+class TiedDecoder(nn.Module):
+    """The decoder of a tied Bert2Bert: runs the shared `stack`; owns only the cross-attention
+    blocks (`bert/encoder/layer_i/crossattention*`) and the LM head (`mlm`, tied to the shared
+    word embeddings)."""
+
+    config: BertConfig
+    stack: TiedStack
+    mesh: Any = None
+
+    def setup(self):
+        self.bert = _TiedDecoderBert(self.config)
+        self.mlm = MaskedLMHead(self.config, self.mesh)
+
+    def __call__(self, ids_BT, mask_BT, context_BSD, context_mask_BS, deterministic: bool,
+                 decode_at=None, cache_length: int = 0):
+        x_BTD = self.stack(ids_BT, mask_BT, context_BSD, context_mask_BS, deterministic,
+                           decode_at, cache_length, self.bert.encoder.layer)
+        return self.mlm(x_BTD, self.stack.attend).astype(jnp.float32)
+
+
+def is_tied(params) -> bool:
+    """Whether Bert2Bert parameters (or their metadata) are those of a tied model."""
+    return "embeddings" not in params["decoder"]["bert"]
 
 
 class Bert2Bert(nn.Module):
@@ -177,17 +253,29 @@ class Bert2Bert(nn.Module):
 
     `__call__` is teacher forcing: [B, T, V] float32 logits of the token after each decoder
     input. `encode` and `decode` are the two halves, for generation.
+
+    `tie_encoder_decoder` (transformers' option of that name): the decoder runs the encoder's
+    embeddings and layers; only its cross-attention and LM head are its own, so the
+    parameters are the untied model's less `decoder/bert/embeddings` and the decoder layers'
+    self-attention and feed-forward.
     """
 
     config: BertConfig
     mesh: Any = None  # the device mesh the model runs sharded on, if any (see MaskedLMHead)
+    tie_encoder_decoder: bool = False
     num_inputs = 5  # what heads.init_params passes: the encoder's three, the decoder's two
 
     def setup(self):
-        self.bert = BertModel(self.config)
-        self.decoder = BertDecoder(self.config, self.mesh)
+        if self.tie_encoder_decoder:
+            self.bert = TiedStack(self.config)
+            self.decoder = TiedDecoder(self.config, self.bert, self.mesh)
+        else:
+            self.bert = BertModel(self.config)
+            self.decoder = BertDecoder(self.config, self.mesh)
 
     def encode(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
+        if self.tie_encoder_decoder:
+            return self.bert.encode(input_ids, input_mask, segment_ids, deterministic)[0]
         return self.bert(input_ids, input_mask, segment_ids, deterministic)[0]
 
     def decode(self, decoder_input_ids, decoder_input_mask, encoded_BSD, input_mask,

@@ -73,7 +73,7 @@ class Seq2Seq(Classification):
     higher_is_better = ("bleu", "chrf", "rougeL")
     uses_labels = False
     saved_settings = ("max_seq_length", "max_target_length", "num_beams", "length_penalty",
-                      "early_stopping", "label_smoothing")
+                      "early_stopping", "label_smoothing", "tie_encoder_decoder")
 
     # The tokenizer of the features, bound by `featurize`: decoding needs its [CLS], [SEP]
     # and [PAD] ids and evaluation its detokenizer.
@@ -125,25 +125,27 @@ class Seq2Seq(Classification):
             raise ValueError(f"task.max_target_length {self.settings.max_target_length} "
                              f"exceeds the model's max_position_embeddings "
                              f"{config.max_position_embeddings}")
-        return Bert2Bert(config)
+        return Bert2Bert(config, tie_encoder_decoder=self.settings.tie_encoder_decoder)
 
     def warm_start(self, params: dict, checkpoint: dict) -> dict:
         """A checkpoint that has a decoder (a converted EncoderDecoderModel, a seq2seq model)
-        gives it whole. Otherwise the decoder's embeddings and layers are copies of the
-        encoder's (the two train apart) and its LM head the checkpoint's masked-LM head if
-        it has one; cross-attention starts fresh."""
+        gives it whole. Otherwise the decoder's LM head is the checkpoint's masked-LM head if
+        it has one, and (unless tied to the encoder) its embeddings and layers copies of the
+        encoder's, which then train apart; cross-attention starts fresh."""
         fresh = params["decoder"]
         if "decoder" in checkpoint:
             _check_same_shapes(checkpoint["decoder"], fresh)
             return {**params, "decoder": checkpoint["decoder"]}
-        encoder, decoder = params["bert"], fresh["bert"]
-        copied = {"embeddings": encoder["embeddings"],
-                  "encoder": {name: {**decoder["encoder"][name], **layer}
-                              for name, layer in encoder["encoder"].items()}}
         head = fresh["mlm"]
         if "mlm" in checkpoint:
             _check_same_shapes(checkpoint["mlm"], head)
             head = checkpoint["mlm"]
+        if self.settings.tie_encoder_decoder:
+            return {**params, "decoder": {**fresh, "mlm": head}}
+        encoder, decoder = params["bert"], fresh["bert"]
+        copied = {"embeddings": encoder["embeddings"],
+                  "encoder": {name: {**decoder["encoder"][name], **layer}
+                              for name, layer in encoder["encoder"].items()}}
         return {**params, "decoder": {"bert": jax.tree.map(jnp.copy, copied), "mlm": head}}
 
     def normalizer(self, batch: dict):

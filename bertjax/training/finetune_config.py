@@ -74,6 +74,9 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.length_penalty = 1.0
     config.task.early_stopping = False
     config.task.label_smoothing = 0.0
+    # seq2seq: the decoder runs the encoder's embeddings and layers (one set of weights, as
+    # transformers' tie_encoder_decoder); only cross-attention and the LM head are its own.
+    config.task.tie_encoder_decoder = False
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
     # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
     # token_accuracy; squad: F1; seq2seq: bleu).
