@@ -134,13 +134,13 @@ def _beam_search(step, batch: int, s: Settings):
     shapes: keep the 2N best continuations of all beams, the best N that did not end run on,
     those of the top N that ended join the finished hypotheses (scored with the length
     penalty) if they beat them."""
-    beams, vocab_steps = s.num_beams, 2 * s.num_beams
+    beams, candidates = s.num_beams, 2 * s.num_beams
     length_penalty, prompt = s.length_penalty, 1
     running_BNT = jnp.full((batch, beams, s.max_length), s.pad_id, jnp.int32)
     running_BNT = running_BNT.at[:, :, 0].set(s.start_id)
     logits_XV, cache = step(None, running_BNT[:, :, 0].reshape(-1), 0)
     running_scores_BN = jnp.zeros((batch, beams)).at[:, 1:].set(NEG)
-    top_beams_K = jnp.arange(vocab_steps) < beams
+    top_beams_K = jnp.arange(candidates) < beams
     state = dict(running=running_BNT, running_scores=running_scores_BN,
                  finished=running_BNT, finished_scores=jnp.full((batch, beams), NEG),
                  is_finished=jnp.zeros((batch, beams), bool),
@@ -157,7 +157,7 @@ def _beam_search(step, batch: int, s: Settings):
         log_probs_BNV = jax.nn.log_softmax(st["logits"], axis=-1).reshape(batch, beams, vocab)
         log_probs_BNV = log_probs_BNV + st["running_scores"][:, :, None]
         top_scores_BK, top_index_BK = jax.lax.top_k(log_probs_BNV.reshape(batch, -1),
-                                                    vocab_steps)
+                                                    candidates)
         from_beam_BK, token_BK = top_index_BK // vocab, top_index_BK % vocab
         top_seqs_BKT = _gather(st["running"], from_beam_BK)
         top_seqs_BKT = jax.vmap(jax.vmap(lambda seq, t: seq.at[length].set(t)))(
