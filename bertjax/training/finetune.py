@@ -2,9 +2,10 @@
 data, the head, the loss and the evaluation; this file joins them.
 
 The encoder comes from `init_checkpoint` (a model directory, a finished run's workdir or a
-pretraining workdir), the head starts fresh. Each process reads the whole (small) task data
-and feeds its own rows of every global batch; the training order is a permutation per epoch
-from (seed, epoch), so a resumed run sees the batches an uninterrupted one would.
+pretraining workdir), the head starts fresh unless the task's `warm_start` takes it (or more)
+from the checkpoint. Each process reads the whole (small) task data and feeds its own rows of
+every global batch; the training order is a permutation per epoch from (seed, epoch), so a
+resumed run sees the batches an uninterrupted one would.
 
 After every epoch (and at the end) each evaluation set is scored; metrics go to
 WORKDIR/metrics.jsonl and TensorBoard, predictions to WORKDIR/predictions/<set>.jsonl, and at
