@@ -84,7 +84,7 @@ def _until_eos(row, eos_id):
 # finished and running sequences share a batch and beams finish mid-way (the untrained LM
 # head never picks [SEP]).
 @pytest.mark.parametrize("num_beams,length_penalty,early_stopping,eos_id", [
-    (1, 1.0, False, 11048), (3, 2.0, False, 12287)])
+    (1, 1.0, False, 11048), (3, 2.0, False, 12287), (4, 0.5, "never", 7071)])
 def test_greedy_and_beam_search_equal_transformers_generate(
         hf_model, converted, batch, num_beams, length_penalty, early_stopping, eos_id):
     tokenizer, source, _ = batch
