@@ -57,7 +57,7 @@ def main() -> None:
     texts = [s for p in austen_paragraphs() for s in p.split(". ") if 40 < len(s) < 160]
 
     print(f"command: {' '.join(sys.argv)}")
-    print(f"| batch | beams | bertjax tokens/s | transformers tokens/s | bertjax compile s |")
+    print("| batch | beams | bertjax tokens/s | transformers tokens/s | bertjax compile s |")
     print("|---|---|---|---|---|")
     for batch in map(int, args.batches.split(",")):
         source = tokenizer(texts[:batch], padding=True, return_tensors="np")
