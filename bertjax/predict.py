@@ -17,12 +17,14 @@ Fine-tuned models (`--checkpoint` is the fine-tuning WORKDIR or its WORKDIR/mode
   python -m bertjax.predict qa --checkpoint=/tmp/squad --text="Who walked?" \\
       --context="Emma walked to Highbury."
   python -m bertjax.predict classify --checkpoint=/tmp/sst2 --input=test.tsv --output=p.jsonl
+  python -m bertjax.predict generate --checkpoint=/tmp/paraphrase --text="Emma smiled."
 
 `classify` gives the label and its probability (or the score of a regression model; a TAB in
 `--text` separates a sentence pair), `tag` a tag per word, `qa` the answer span (empty: no
-answer), `segment` the words of the text, separated by spaces. `tag` prints word/TAG pairs
-for part-of-speech and other plain tag sets, the sentence with its entities bracketed for
-entity tags, the words for segmentation tags. `--input` reads a file laid out like the
+answer), `segment` the words of the text, separated by spaces, `generate` the text a seq2seq
+model writes for each source (decoded as the model was evaluated). `tag` prints word/TAG
+pairs for part-of-speech and other plain tag sets, the sentence with its entities bracketed
+for entity tags, the words for segmentation tags. `--input` reads a file laid out like the
 training data (TSV/CSV/JSONL with `--text_columns`, CoNLL, SQuAD JSON, or for `segment` one
 raw sentence a line); `--output` writes one JSON record per example.
 """
@@ -41,7 +43,8 @@ from bertjax import cli  # noqa: E402
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string(
     "text", [], "Input text, repeatable: with [MASK]s (fill-mask), a sentence or TAB-separated "
-    "pair (classify), words (tag), Chinese text (segment), a question (qa).")
+    "pair (classify), words (tag), Chinese text (segment), a question (qa), a source "
+    "(generate).")
 _TOP_K = flags.DEFINE_integer("top_k", 5, "Predictions shown per [MASK].")
 _CONTEXT = flags.DEFINE_string("context", "", "qa: the passage that answers the questions.")
 _INPUT = flags.DEFINE_string("input", "", "A file to predict on, laid out like training data.")
@@ -71,10 +74,7 @@ def task_main(command: str) -> None:
 
     if not _CHECKPOINT.value or not (_TEXT.value or _INPUT.value):
         raise app.UsageError(f"{command} needs --checkpoint and --text or --input")
-    predictor = TaskPredictor(_CHECKPOINT.value)
-    if predictor.task.command != command:
-        raise ValueError(f"{_CHECKPOINT.value} is a {predictor.task.name} model: use "
-                         f"`python -m bertjax.predict {predictor.task.command}`")
+    predictor = TaskPredictor(_CHECKPOINT.value, command=command)
     if _INPUT.value:
         examples = predictor.examples_from_file(
             _INPUT.value, [c for c in _TEXT_COLUMNS.value.split(",") if c], _FORMAT.value)

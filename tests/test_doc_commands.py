@@ -26,6 +26,7 @@ import pytest
 
 from config_commands import parse
 from pretrain_helpers import CACHE_ENV
+from test_platforms import SOURCE_ONLY
 from bertjax import main as bertjax_main
 
 REPO = Path(__file__).resolve().parents[1]
@@ -202,7 +203,8 @@ def test_install_commands_resolve_to_wheels(doc, command, tmp_path):
     result = subprocess.run(
         [str(UV), "pip", "install", "--dry-run", "--target", str(tmp_path / "target"),
          "--python", sys.executable, "--python-platform", platform, "--python-version", "3.11",
-         "--only-binary", ":all:", "--no-binary=promise", *argv, *_runtime_requirements()],
+         "--only-binary", ":all:", *[f"--no-binary={p}" for p in SOURCE_ONLY], *argv,
+         *_runtime_requirements()],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**os.environ, "UV_NO_PROGRESS": "1"})
     assert result.returncode == 0, f"{doc}: {command}\n{result.stderr[-3000:]}"

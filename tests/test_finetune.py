@@ -191,7 +191,7 @@ def test_squad_v2_run_reports_no_answer_scores_and_official_answers(tmp_path, ti
     assert all(r["prediction"] in ("", r["best_span"]) and "null_odds" in r for r in records)
 
 
-@pytest.mark.parametrize("name", ["classify", "pair", "tag", "squad"])
+@pytest.mark.parametrize("name", ["classify", "pair", "tag", "squad", "seq2seq"])
 def test_finetune_configs_have_every_key_and_their_command(name):
     import importlib.util
     from bertjax.training import finetune_config

@@ -14,13 +14,14 @@ from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
-CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad")
+CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad", "seq2seq")
 # Chinese words for segmentation files (the tests' WordPiece vocabulary holds these characters).
 CHINESE_WORDS = ("北京", "上海", "中国", "的", "天", "很", "好", "我们", "喜欢", "去", "大", "城")
 # Appended to each docstring command: a tiny budget (later flags win).
 SHRINK = ["--config.task.max_seq_length=32", "--config.task.doc_stride=16",
           "--config.task.max_query_length=12", "--config.train.global_batch_size=16",
           "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
+          "--config.task.max_target_length=8", "--config.task.num_beams=2",
           "--config.quiet=true"]
 
 

@@ -16,9 +16,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 UV = Path(sys.executable).with_name("uv")
-# promise (a dependency of tensorflow-datasets) ships only a pure-Python source archive,
-# which builds anywhere; every other package must have a wheel.
-SOURCE_ONLY = ["promise"]
+# promise (a dependency of tensorflow-datasets) and rouge-score (seq2seq's ROUGE-L) ship only
+# pure-Python source archives, which build anywhere; every other package must have a wheel.
+SOURCE_ONLY = ["promise", "rouge-score"]
 
 
 def runtime_requirements() -> list[str]:

@@ -17,6 +17,7 @@ from bertjax.convert import files
 from bertjax.convert.params import Log
 from bertjax.convert.result import Converted
 from bertjax.models.heads import BertForPreTraining, param_shapes
+from bertjax.models.seq2seq import Bert2Bert, is_tied
 from bertjax.training import checkpoints
 
 FORMATS = ("bertjax", "hf", "tf")
@@ -29,8 +30,12 @@ def _stderr(line: str) -> None:
 def read_bertjax(path: str) -> Converted:
     """A model directory, or a workdir that holds a model (see `checkpoints.open_model`)."""
     source = checkpoints.open_model(path)
-    params = source.load_params(checkpoints.on_first_device(
-        param_shapes(BertForPreTraining(source.config))))
+    # A model directory holding a decoder is a Bert2Bert (a converted EncoderDecoderModel or
+    # a fine-tuned seq2seq model).
+    stored = source.param_metadata()
+    model = (Bert2Bert(source.config, tie_encoder_decoder=is_tied(stored))
+             if "decoder" in stored else BertForPreTraining(source.config))
+    params = source.load_params(checkpoints.on_first_device(param_shapes(model)))
     return Converted(source.config, params, [], files.tokenizer_files(source.tokenizer_dir))
 
 

@@ -5,6 +5,9 @@ the `bert.` prefix, old `gamma`/`beta` LayerNorm names, with or without the `cls
 and with task heads bertjax does not convert (`classifier.*`, `cls.<task>.*`), which are
 skipped and listed unless `strict`.
 Writes what `transformers.BertForPreTraining.from_pretrained` loads.
+
+An `EncoderDecoderModel` of two BERTs of one architecture (model_type `encoder-decoder`)
+reads as a `seq2seq.Bert2Bert`, and a Bert2Bert's params write as one.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from bertjax.convert import files, table
 from bertjax.convert.params import Log, read_params, write_tensors
 from bertjax.convert.result import Converted
 from bertjax.models.bert import BertConfig
+from bertjax.models.seq2seq import Bert2Bert, is_tied
 
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -55,10 +59,27 @@ def config_to_hf(config: BertConfig, architecture: str, pad_token_id: int | None
     return hf
 
 
+def encoder_decoder_config_to_hf(config: BertConfig, pad_token_id: int | None,
+                                 tied: bool = False) -> dict:
+    """What `transformers.EncoderDecoderModel.from_pretrained` reads for a Bert2Bert."""
+    decoder = {**config_to_hf(config, "BertLMHeadModel", pad_token_id), "is_decoder": True,
+               "add_cross_attention": True}
+    hf = {"architectures": ["EncoderDecoderModel"], "model_type": "encoder-decoder",
+          "is_encoder_decoder": True, "encoder": config_to_hf(config, "BertModel", pad_token_id),
+          "decoder": decoder, "tie_encoder_decoder": tied}
+    if pad_token_id is not None:
+        hf["pad_token_id"] = pad_token_id
+    return hf
+
+
 def _normalise(key: str) -> str:
     """The key as `BertForPreTraining` spells it now: `bert.` prefix, LayerNorm weight/bias."""
     if not key.startswith(("bert.", "cls.")):
         key = "bert." + key
+    return _normalise_norms(key)
+
+
+def _normalise_norms(key: str) -> str:
     return re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight",
                   re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", key))
 
@@ -66,11 +87,11 @@ def _normalise(key: str) -> str:
 class HFSource:
     """The tensors of a Hugging Face checkpoint under normalised names, loaded on demand."""
 
-    def __init__(self, directory: str):
+    def __init__(self, directory: str, normalise=_normalise):
         self.path, self._load, self._shape, keys = _open(directory)
         self._raw: dict[str, str] = {}
         for key in keys:
-            name = _normalise(key)
+            name = normalise(key)
             if name in self._raw:
                 raise ValueError(f"{self.path}: {key!r} and {self._raw[name]!r} are the same "
                                  f"tensor ({name})")
@@ -136,17 +157,20 @@ def _open(directory: str):
                             f"{TORCH_BIN} (a Hugging Face BERT directory holds one of them)")
 
 
-def _resolve_tied(source: HFSource, log: Log) -> None:
-    """Drops the tensors BertForPreTraining derives from others, after checking they are."""
+def _resolve_tied(source: HFSource, log: Log, decoder_weight: str = table.HF_DECODER_WEIGHT,
+                  decoder_bias: str = table.HF_DECODER_BIAS,
+                  word_embeddings: str = table.HF_WORD_EMBEDDINGS,
+                  mlm_bias: str = table.HF_MLM_BIAS) -> None:
+    """Drops the tensors the model derives from others (the position-id buffers, the LM
+    decoder tied to the word embeddings), after checking they are."""
     ignored = []
-    if table.HF_POSITION_IDS in source.names():
-        source.pop(table.HF_POSITION_IDS)
-        ignored.append(f"{table.HF_POSITION_IDS} (a buffer)")
+    for name in [n for n in source.names() if n.endswith("embeddings.position_ids")]:
+        source.pop(name)
+        ignored.append(f"{name} (a buffer)")
     names = source.names()
-    if table.HF_DECODER_BIAS in names and table.HF_MLM_BIAS not in names:
-        source.rename(table.HF_DECODER_BIAS, table.HF_MLM_BIAS)
-    for tied, to in ((table.HF_DECODER_WEIGHT, table.HF_WORD_EMBEDDINGS),
-                     (table.HF_DECODER_BIAS, table.HF_MLM_BIAS)):
+    if decoder_bias in names and mlm_bias not in names:
+        source.rename(decoder_bias, mlm_bias)
+    for tied, to in ((decoder_weight, word_embeddings), (decoder_bias, mlm_bias)):
         if tied not in source.names():
             continue
         if (to not in source.names() or source.shape(tied) != source.shape(to)
@@ -160,9 +184,67 @@ def _resolve_tied(source: HFSource, log: Log) -> None:
         log(f"ignoring {', '.join(ignored)}")
 
 
+def _encoder_decoder_config(hf: dict, path: str) -> BertConfig:
+    for part in ("encoder", "decoder"):
+        if not isinstance(hf.get(part), dict):
+            raise ValueError(f"{path}: an encoder-decoder config without its {part!r} config")
+    encoder = config_from_hf(hf["encoder"], f"{path} (encoder)")
+    decoder = config_from_hf(hf["decoder"], f"{path} (decoder)")
+    if not hf["decoder"].get("add_cross_attention", False):
+        raise ValueError(f"{path}: the decoder has no cross-attention (add_cross_attention)")
+    if encoder != decoder:
+        differ = [k for k in BertConfig.ARCHITECTURE_KEYS
+                  if getattr(encoder, k) != getattr(decoder, k)]
+        raise ValueError(f"{path}: encoder and decoder differ in {', '.join(differ)}; bertjax's "
+                         f"Bert2Bert has one architecture for both")
+    return encoder
+
+
+def _read_encoder_decoder(directory: str, hf: dict, config_path: str, seed: int, log: Log,
+                          strict: bool) -> Converted:
+    config = _encoder_decoder_config(hf, config_path)
+    tied = bool(hf.get("tie_encoder_decoder", False))
+    source = HFSource(directory, _normalise_norms)
+    if tied:
+        _drop_shared(source, config.num_hidden_layers, log)
+    words = (table.HF_WORD_EMBEDDINGS.replace("bert.", "encoder.", 1) if tied
+             else table.ED_WORD_EMBEDDINGS)
+    _resolve_tied(source, log, table.ED_DECODER_WEIGHT, table.ED_DECODER_BIAS, words,
+                  table.ED_MLM_BIAS)
+    params, fresh, skipped = read_params(
+        config, source, "hf", seed, log, strict,
+        model=Bert2Bert(config, tie_encoder_decoder=tied),
+        rows=table.encoder_decoder(config.num_hidden_layers, tied),
+        encoder_prefixes=table.ED_PREFIXES)
+    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
+
+
+def _drop_shared(source: HFSource, num_hidden_layers: int, log: Log) -> None:
+    """tie_encoder_decoder: the decoder tensors that are the encoder's are dropped after
+    checking they are. transformers saves one name of each tied group, which may be the
+    decoder's: then it is the encoder's tensor, renamed."""
+    dropped = 0
+    for name, encoder_name in table.ed_shared_names(num_hidden_layers).items():
+        if name not in source.names():
+            continue
+        if encoder_name not in source.names():
+            source.rename(name, encoder_name)
+            continue
+        if not np.array_equal(source.get(name), source.get(encoder_name)):
+            raise ValueError(f"{source.path}: {source.label(name)} is not the encoder's "
+                             f"{encoder_name}, though the config ties encoder and decoder")
+        source.pop(name)
+        dropped += 1
+    if dropped:
+        log(f"ignoring {dropped} decoder tensors tied to the encoder's")
+
+
 def read_hf(directory: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
     config_path = os.path.join(directory, "config.json")
-    config = config_from_hf(files.read_json(config_path), config_path)
+    hf = files.read_json(config_path)
+    if hf.get("model_type") == "encoder-decoder":
+        return _read_encoder_decoder(directory, hf, config_path, seed, log, strict)
+    config = config_from_hf(hf, config_path)
     source = HFSource(directory)
     _resolve_tied(source, log)
     params, fresh, skipped = read_params(config, source, "hf", seed, log, strict)
@@ -183,14 +265,27 @@ def write_hf(directory: str, converted: Converted, overwrite: bool = False,
     from safetensors.numpy import save_file
 
     config = converted.config
-    tensors = dict(write_tensors(config, converted.params, "hf", log))
-    heads = table.HF_MLM_BIAS in tensors and "cls.seq_relationship.weight" in tensors
-    if table.HF_MLM_BIAS in tensors:
-        # Written out although tied: readers other than transformers expect the decoder.
-        tensors[table.HF_DECODER_WEIGHT] = tensors[table.HF_WORD_EMBEDDINGS]
-        tensors[table.HF_DECODER_BIAS] = tensors[table.HF_MLM_BIAS]
-    hf_config = config_to_hf(config, "BertForPreTraining" if heads else "BertModel",
-                             _pad_id(converted.tokenizer_files))
+    pad_id = _pad_id(converted.tokenizer_files)
+    if "decoder" in converted.params:
+        tied = is_tied(converted.params)
+        layers = config.num_hidden_layers
+        tensors = dict(write_tensors(config, converted.params, "hf", log,
+                                     model=Bert2Bert(config, tie_encoder_decoder=tied),
+                                     rows=table.encoder_decoder(layers, tied)))
+        if tied:  # written out although tied, as transformers' own state dict has them
+            tensors.update({name: tensors[encoder_name] for name, encoder_name
+                            in table.ed_shared_names(layers).items()})
+        tensors[table.ED_DECODER_WEIGHT] = tensors[table.ED_WORD_EMBEDDINGS]
+        tensors[table.ED_DECODER_BIAS] = tensors[table.ED_MLM_BIAS]
+        hf_config = encoder_decoder_config_to_hf(config, pad_id, tied)
+    else:
+        tensors = dict(write_tensors(config, converted.params, "hf", log))
+        heads = table.HF_MLM_BIAS in tensors and "cls.seq_relationship.weight" in tensors
+        if table.HF_MLM_BIAS in tensors:
+            # Written out although tied: readers other than transformers expect the decoder.
+            tensors[table.HF_DECODER_WEIGHT] = tensors[table.HF_WORD_EMBEDDINGS]
+            tensors[table.HF_DECODER_BIAS] = tensors[table.HF_MLM_BIAS]
+        hf_config = config_to_hf(config, "BertForPreTraining" if heads else "BertModel", pad_id)
     with files.atomic_directory(directory, overwrite) as tmp:
         log(f"writing {len(tensors)} tensors to {os.path.join(directory, SAFETENSORS)}")
         save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})

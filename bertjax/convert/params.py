@@ -14,12 +14,11 @@ from typing import Callable, Iterator, Protocol
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bertjax.convert import table
 from bertjax.models.bert import BertConfig
-from bertjax.models.heads import BertForPreTraining
+from bertjax.models.heads import BertForPreTraining, init_params
 
 Log = Callable[[str], None]
 
@@ -45,17 +44,13 @@ def check_convertible(config: BertConfig) -> None:
                          "equivalent (both are post-LN); they cannot be converted")
 
 
-def _dummy_inputs():
-    ids = jnp.zeros((1, 1), jnp.int32)
-    return ids, ids, ids, ids
-
-
-def abstract_params(config: BertConfig, sharding=None) -> dict:
-    """ShapeDtypeStructs of `BertForPreTraining`'s params (without the 'params' collection)."""
-    model = BertForPreTraining(config)
-    tree = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), *_dummy_inputs()))
+def abstract_params(config: BertConfig, sharding=None, model: nn.Module | None = None) -> dict:
+    """ShapeDtypeStructs of the params (without the 'params' collection) of `model`,
+    `BertForPreTraining` unless given."""
+    model = BertForPreTraining(config) if model is None else model
+    tree = jax.eval_shape(lambda: init_params(model, jax.random.PRNGKey(0)))
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                        nn.unbox(tree["params"]))
+                        nn.unbox(tree))
 
 
 def flatten(tree) -> dict:
@@ -82,15 +77,14 @@ def host_device():
         return jax.devices()[0]
 
 
-def init_fresh(config: BertConfig, paths: list[str], seed: int) -> dict:
+def init_fresh(model: nn.Module, paths: list[str], seed: int) -> dict:
     """The listed params as a fresh model with this seed would have them; jit lets XLA drop
     the initialisation of everything else, so the rest of a big model is never materialised."""
     if not paths:
         return {}
-    model = BertForPreTraining(config)
 
     def init(rng):
-        flat = flatten(nn.unbox(model.init(rng, *_dummy_inputs())["params"]))
+        flat = flatten(nn.unbox(init_params(model, rng)))
         return {p: flat[p] for p in paths}
 
     with jax.default_device(host_device()):
@@ -103,20 +97,26 @@ def _problems(title: str, items: list[str], limit: int = 10) -> str:
 
 
 def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
-                log: Log = print, strict: bool = False) -> tuple[dict, list[str], list[str]]:
-    """(params, paths initialised fresh, tensors skipped) of `BertForPreTraining` from a
-    checkpoint in format `fmt` ('tf' or 'hf'); raises one error listing every unexpected,
-    misshapen or missing tensor. Tensors of heads bertjax does not have are skipped (and
-    returned, as the checkpoint names them) unless `strict`, which refuses them."""
+                log: Log = print, strict: bool = False, model: nn.Module | None = None,
+                rows: list[table.Row] | None = None, encoder_prefixes: tuple = ()
+                ) -> tuple[dict, list[str], list[str]]:
+    """(params, paths initialised fresh, tensors skipped) of `model` (`BertForPreTraining`
+    with `table.rows` unless given, with its table `rows`) from a checkpoint in format `fmt`
+    ('tf' or 'hf'); raises one error listing every unexpected, misshapen or missing tensor.
+    Tensors of heads bertjax does not have (outside `encoder_prefixes`, by default
+    `table.ENCODER_PREFIXES`) are skipped (and returned, as the checkpoint names them) unless
+    `strict`, which refuses them."""
     check_convertible(config)
-    shapes = {path: tuple(x.shape) for path, x in flatten(abstract_params(config)).items()}
-    rows = table.rows(config.num_hidden_layers)
+    model = BertForPreTraining(config) if model is None else model
+    shapes = {path: tuple(x.shape)
+              for path, x in flatten(abstract_params(config, model=model)).items()}
+    rows = rows or table.rows(config.num_hidden_layers)
     by_name = {row.name(fmt): row for row in rows}
     available = set(source.names())
 
     extra = available - set(by_name)
-    heads = set() if strict else {n for n in extra
-                                  if not n.startswith(table.ENCODER_PREFIXES[fmt])}
+    prefixes = encoder_prefixes or table.ENCODER_PREFIXES[fmt]
+    heads = set() if strict else {n for n in extra if not n.startswith(prefixes)}
     unexpected = sorted(source.label(n) for n in extra - heads)
     wrong = [f"{source.label(n)} has shape {source.shape(n)}, expected "
              f"{row.shape(fmt, shapes[row.ours])} (bertjax {row.ours})"
@@ -155,17 +155,19 @@ def read_params(config: BertConfig, source: Source, fmt: str, seed: int = 0,
     if fresh:
         log(f"initialising {', '.join(sorted(absent_parts))} fresh "
             f"(not in the checkpoint, seed {seed})")
-        flat.update(init_fresh(config, fresh, seed))
+        flat.update(init_fresh(model, fresh, seed))
     return unflatten({path: flat[path] for path in shapes}), fresh, skipped
 
 
-def write_tensors(config: BertConfig, params: dict, fmt: str,
-                  log: Log = print) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, array) in format `fmt` for every table tensor in `params`; optional parts that
-    `params` lacks are left out (and said so); anything else missing or extra is an error."""
+def write_tensors(config: BertConfig, params: dict, fmt: str, log: Log = print,
+                  model: nn.Module | None = None, rows: list[table.Row] | None = None
+                  ) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) in format `fmt` for every table tensor in `params` (of `model` with its
+    table `rows`; `BertForPreTraining` unless given); optional parts that `params` lacks are
+    left out (and said so); anything else missing or extra is an error."""
     check_convertible(config)
     flat = flatten(params)
-    rows = table.rows(config.num_hidden_layers)
+    rows = rows or table.rows(config.num_hidden_layers)
     known = {row.ours for row in rows}
     extra = sorted(set(flat) - known)
     missing = [row.ours for row in rows if row.ours not in flat]
@@ -174,7 +176,7 @@ def write_tensors(config: BertConfig, params: dict, fmt: str,
         problems = ([_problems("parameters with no original equivalent", extra)] if extra else [])
         problems += [_problems("missing parameters", required)] if required else []
         raise ValueError("cannot convert these params: " + ". ".join(problems))
-    expected = flatten(abstract_params(config))
+    expected = flatten(abstract_params(config, model=model))
     wrong = [f"{p} has shape {tuple(flat[p].shape)}, expected {tuple(expected[p].shape)}"
              for p in flat if tuple(flat[p].shape) != tuple(expected[p].shape)]
     if wrong:

@@ -2,7 +2,10 @@
 
 Every tensor of `BertForPreTraining` has one row: its bertjax path, its name in the original
 Google release (TF), its name in a Hugging Face `BertForPreTraining` state dict, and a layout
-kind saying how the arrays differ:
+kind saying how the arrays differ. `encoder_decoder` derives the table of
+`seq2seq.Bert2Bert` (a Hugging Face `EncoderDecoderModel` of two BERTs) from it: the encoder
+rows under `encoder.`, the decoder's under `decoder.bert.` / `decoder.cls.`, plus each decoder
+layer's cross-attention, which is named like its self-attention.
 
   the original TF layout is the reference: dense kernels are [in, out];
   Hugging Face stores dense kernels as torch Linear weights, [out, in];
@@ -30,9 +33,9 @@ class Kind(enum.Enum):
 
 _TRANSPOSED_IN_HF = (Kind.KERNEL, Kind.HEADS_IN, Kind.HEADS_OUT)
 
-# Tensors Hugging Face keeps besides the table's: a buffer, and the MLM decoder's weight and
-# bias, which are the word embeddings and `cls.predictions.bias` again (tied).
-HF_POSITION_IDS = "bert.embeddings.position_ids"
+# Tensors Hugging Face keeps besides the table's (and besides the position-id buffers): the
+# MLM decoder's weight and bias, which are the word embeddings and `cls.predictions.bias`
+# again (tied).
 HF_DECODER_WEIGHT = "cls.predictions.decoder.weight"
 HF_DECODER_BIAS = "cls.predictions.decoder.bias"
 HF_WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
@@ -107,6 +110,15 @@ def _norm(ours: str, tf: str, hf: str):
             Row(f"{ours}/bias", f"{tf}/beta", f"{hf}.bias", Kind.PLAIN)]
 
 
+def _attention(ours: str, tf: str, hf: str):
+    table = []
+    for n in ("query", "key", "value"):
+        table += _dense(f"{ours}/{n}", f"{tf}/self/{n}", f"{hf}.self.{n}", Kind.HEADS_IN,
+                        Kind.HEADS_BIAS)
+    return table + _dense(f"{ours}/attention_output", f"{tf}/output/dense",
+                          f"{hf}.output.dense", Kind.HEADS_OUT)
+
+
 def rows(num_hidden_layers: int) -> list[Row]:
     """The table for a post-LN `BertForPreTraining` with this many layers."""
     table = [Row(f"bert/embeddings/{n}/embedding", f"bert/embeddings/{n}",
@@ -117,11 +129,7 @@ def rows(num_hidden_layers: int) -> list[Row]:
     for i in range(num_hidden_layers):
         ours = tf = f"bert/encoder/layer_{i}"
         hf = f"bert.encoder.layer.{i}"
-        for n in ("query", "key", "value"):
-            table += _dense(f"{ours}/attention/{n}", f"{tf}/attention/self/{n}",
-                            f"{hf}.attention.self.{n}", Kind.HEADS_IN, Kind.HEADS_BIAS)
-        table += _dense(f"{ours}/attention/attention_output", f"{tf}/attention/output/dense",
-                        f"{hf}.attention.output.dense", Kind.HEADS_OUT)
+        table += _attention(f"{ours}/attention", f"{tf}/attention", f"{hf}.attention")
         table += _norm(f"{ours}/attention_layer_norm", f"{tf}/attention/output/LayerNorm",
                        f"{hf}.attention.output.LayerNorm")
         table += _dense(f"{ours}/intermediate", f"{tf}/intermediate/dense",
@@ -140,6 +148,48 @@ def rows(num_hidden_layers: int) -> list[Row]:
               Row("nsp/bias", "cls/seq_relationship/output_bias", "cls.seq_relationship.bias",
                   Kind.PLAIN)]
     return table
+
+
+# Hugging Face EncoderDecoderModel names. The decoder's LM decoder weight and bias are its
+# word embeddings and `cls.predictions.bias` again (tied), and not in the table.
+ED_DECODER_WEIGHT = "decoder.cls.predictions.decoder.weight"
+ED_DECODER_BIAS = "decoder.cls.predictions.decoder.bias"
+ED_WORD_EMBEDDINGS = "decoder.bert.embeddings.word_embeddings.weight"
+ED_MLM_BIAS = "decoder.cls.predictions.bias"
+ED_PREFIXES = ("encoder.", "decoder.")
+
+
+def _moved(row: Row, ours: str, tf: str, hf: str) -> Row:
+    return Row(ours + row.ours, tf + row.tf, hf + row.hf, row.kind)
+
+
+def encoder_decoder(num_hidden_layers: int, tied: bool = False) -> list[Row]:
+    """The table for `seq2seq.Bert2Bert` <-> a Hugging Face EncoderDecoderModel of two
+    BERTs (`encoder` a BertModel, `decoder` a BertLMHeadModel with cross-attention). The TF
+    names are the pretraining table's under `encoder/` and `decoder/`. `tied`
+    (tie_encoder_decoder): the decoder's embeddings and self-attention and feed-forward
+    weights are the encoder's, and have no rows (see `ed_shared_names`)."""
+    base = rows(num_hidden_layers)
+    table = [Row(r.ours, "encoder/" + r.tf, "encoder" + r.hf[len("bert"):], r.kind)
+             for r in base if r.ours.startswith("bert/")]
+    shared = () if tied else ("bert/embeddings/", "bert/encoder/")
+    table += [_moved(r, "decoder/", "decoder/", "decoder.") for r in base
+              if r.ours.startswith((*shared, "mlm/"))]
+    for i in range(num_hidden_layers):
+        ours, tf = f"decoder/bert/encoder/layer_{i}", f"decoder/bert/encoder/layer_{i}"
+        hf = f"decoder.bert.encoder.layer.{i}"
+        table += _attention(f"{ours}/crossattention", f"{tf}/crossattention",
+                            f"{hf}.crossattention")
+        table += _norm(f"{ours}/crossattention_layer_norm", f"{tf}/crossattention/output/LayerNorm",
+                       f"{hf}.crossattention.output.LayerNorm")
+    return table
+
+
+def ed_shared_names(num_hidden_layers: int) -> dict[str, str]:
+    """Hugging Face name of each tied decoder tensor -> the encoder tensor it is."""
+    return {"decoder." + r.hf: "encoder" + r.hf[len("bert"):]
+            for r in rows(num_hidden_layers)
+            if r.ours.startswith(("bert/embeddings/", "bert/encoder/"))}
 
 
 def optional_part(ours: str) -> str | None:

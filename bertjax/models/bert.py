@@ -140,13 +140,16 @@ class Embeddings(nn.Module):
         self.layer_norm = _layer_norm(c, "layer_norm")
         self.dropout = nn.Dropout(c.hidden_dropout_prob)
 
-    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool, position_ids_BL=None):
+    def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool, position_ids_BL=None,
+                 first_position=0):
+        """`position_ids_BL`: each token's position (packed rows restart it per example);
+        otherwise they count from `first_position` (a decoder fed one token at a time)."""
         length = input_ids_BL.shape[1]
         if length > self.config.max_position_embeddings:
             raise ValueError(f"sequence length {length} exceeds max_position_embeddings "
                              f"{self.config.max_position_embeddings}")
         if position_ids_BL is None:
-            positions_BLD = self.position_embeddings(jnp.arange(length))[None]
+            positions_BLD = self.position_embeddings(first_position + jnp.arange(length))[None]
         else:
             positions_BLD = self.position_embeddings(position_ids_BL)
         x_BLD = (self.word_embeddings(input_ids_BL) + positions_BLD
@@ -158,6 +161,23 @@ class Embeddings(nn.Module):
     def attend(self, x_BPD):
         """Logits against the word embeddings (the MLM decoder is tied to them)."""
         return self.word_embeddings.attend(x_BPD)
+
+
+def multi_head_attention(c: BertConfig, q_BLHK, k_BSHK, v_BSHK, mask_B1LS, deterministic: bool):
+    """Scaled dot-product attention of L queries over S keys; called inside a compact module
+    (the probabilities' dropout is a submodule of it)."""
+    if deterministic or c.attention_probs_dropout_prob == 0.0:
+        # The fused path: cuDNN / flash kernels apply on GPU.
+        return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B1LS)
+    # dot_product_attention has no dropout on the probabilities, which the original
+    # recipe uses; set attention_probs_dropout_prob=0 to train with the fused kernel.
+    scores_BHLS = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BSHK).astype(jnp.float32)
+    scores_BHLS = scores_BHLS / jnp.sqrt(c.head_dim).astype(jnp.float32)
+    scores_BHLS = jnp.where(mask_B1LS, scores_BHLS, jnp.finfo(jnp.float32).min)
+    probs_BHLS = jax.nn.softmax(scores_BHLS, axis=-1)
+    probs_BHLS = nn.Dropout(c.attention_probs_dropout_prob)(
+        probs_BHLS, deterministic=False).astype(c.dtype)
+    return jnp.einsum("bhqs,bshk->bqhk", probs_BHLS, v_BSHK)
 
 
 class Attention(nn.Module):
@@ -175,21 +195,23 @@ class Attention(nn.Module):
         q_BLHK, k_BLHK, v_BLHK = (
             _dense(c, (heads, head_dim), ("embed", "heads", "kv"), name)(x_BLD)
             for name in ("query", "key", "value"))
-        if deterministic or c.attention_probs_dropout_prob == 0.0:
-            # The fused path: cuDNN / flash kernels apply on GPU.
-            out_BLHK = jax.nn.dot_product_attention(q_BLHK, k_BLHK, v_BLHK, mask=mask_B1QL)
-        else:
-            # dot_product_attention has no dropout on the probabilities, which the original
-            # recipe uses; set attention_probs_dropout_prob=0 to train with the fused kernel.
-            scores_BHLL = jnp.einsum("bqhk,bshk->bhqs", q_BLHK, k_BLHK).astype(jnp.float32)
-            scores_BHLL = scores_BHLL / jnp.sqrt(head_dim).astype(jnp.float32)
-            scores_BHLL = jnp.where(mask_B1QL, scores_BHLL, jnp.finfo(jnp.float32).min)
-            probs_BHLL = jax.nn.softmax(scores_BHLL, axis=-1)
-            probs_BHLL = nn.Dropout(c.attention_probs_dropout_prob)(
-                probs_BHLL, deterministic=False).astype(c.dtype)
-            out_BLHK = jnp.einsum("bhqs,bshk->bqhk", probs_BHLL, v_BLHK)
+        out_BLHK = multi_head_attention(c, q_BLHK, k_BLHK, v_BLHK, mask_B1QL, deterministic)
         return _dense(c, c.hidden_size, ("heads", "kv", "embed"), "attention_output",
                       axis=(-2, -1))(out_BLHK)
+
+
+def residual(c: BertConfig, x_BLD, norm, sublayer, dropout, deterministic: bool):
+    """x + dropout(sublayer(x)), LayerNorm after the sum (post-LN) or on the way in (pre-LN)."""
+    h_BLD = norm(x_BLD) if c.pre_layer_norm else x_BLD
+    x_BLD = x_BLD + dropout(sublayer(h_BLD), deterministic=deterministic)
+    return x_BLD if c.pre_layer_norm else norm(x_BLD)
+
+
+def feed_forward(c: BertConfig, h_BLD):
+    """intermediate dense + activation + output dense; called inside a compact module."""
+    h_BLF = ACTIVATIONS[c.hidden_act](
+        _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(h_BLD))
+    return _dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BLF)
 
 
 class TransformerLayer(nn.Module):
@@ -201,23 +223,12 @@ class TransformerLayer(nn.Module):
     def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
         dropout = nn.Dropout(c.hidden_dropout_prob)
-        attn_norm = _layer_norm(c, "attention_layer_norm")
-        out_norm = _layer_norm(c, "output_layer_norm")
-
-        h_BLD = attn_norm(x_BLD) if c.pre_layer_norm else x_BLD
-        h_BLD = Attention(c, name="attention")(h_BLD, mask_B1QL, deterministic)
-        x_BLD = x_BLD + dropout(h_BLD, deterministic=deterministic)
-        if not c.pre_layer_norm:
-            x_BLD = attn_norm(x_BLD)
-
-        h_BLD = out_norm(x_BLD) if c.pre_layer_norm else x_BLD
-        h_BLF = ACTIVATIONS[c.hidden_act](
-            _dense(c, c.intermediate_size, ("embed", "mlp"), "intermediate")(h_BLD))
-        h_BLD = _dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BLF)
-        x_BLD = x_BLD + dropout(h_BLD, deterministic=deterministic)
-        if not c.pre_layer_norm:
-            x_BLD = out_norm(x_BLD)
-        return x_BLD
+        attention = Attention(c, name="attention")
+        x_BLD = residual(c, x_BLD, _layer_norm(c, "attention_layer_norm"),
+                         lambda h: attention(h, mask_B1QL, deterministic), dropout,
+                         deterministic)
+        return residual(c, x_BLD, _layer_norm(c, "output_layer_norm"),
+                        lambda h: feed_forward(c, h), dropout, deterministic)
 
 
 def _layer_class(config: BertConfig):
@@ -352,8 +363,13 @@ class BertModel(nn.Module):
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-                 position_ids=None, example_ids=None, cls_positions=None):
-        if example_ids is None:
+                 position_ids=None, example_ids=None, cls_positions=None, attention_mask=None):
+        """`attention_mask` [B, 1, L, L] (who attends to whom, e.g. the one-stack seq2seq
+        mask) replaces the padding mask made from `input_mask`; so do `example_ids` (packed
+        rows: one block per example)."""
+        if attention_mask is not None:
+            mask = attention_mask
+        elif example_ids is None:
             mask = input_mask.astype(bool)[:, None, None, :]
         else:
             mask = packed_attention_mask(example_ids)

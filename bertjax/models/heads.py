@@ -51,6 +51,7 @@ class BertForPreTraining(nn.Module):
 
     config: BertConfig
     mesh: Any = None
+    num_inputs = 4  # what init_params passes: the three inputs and masked_lm_positions
 
     def setup(self):
         self.bert = BertModel(self.config)
@@ -69,10 +70,10 @@ class BertForPreTraining(nn.Module):
 
 def init_params(model: nn.Module, rng) -> dict:
     """The (logically partitioned) parameters of any model of this package, initialised from
-    dummy inputs (parameter shapes do not depend on the input's)."""
+    dummy inputs (parameter shapes do not depend on the input's). A model taking more than
+    the three encoder inputs says how many in `num_inputs`."""
     ids = jnp.zeros((1, 1), jnp.int32)
-    positions = (ids,) if isinstance(model, BertForPreTraining) else ()
-    return model.init(rng, ids, ids, ids, *positions)["params"]
+    return model.init(rng, *(ids,) * getattr(model, "num_inputs", 3))["params"]
 
 
 def param_shapes(model: nn.Module) -> dict:

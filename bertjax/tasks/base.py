@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Sequence
 import jax.numpy as jnp
 
 from bertjax import files
-from bertjax.tasks.features import Features, LabelVocab
+from bertjax.tasks.features import PACKING_INPUTS, Features, LabelVocab
 
 INPUTS = ("input_ids", "input_mask", "segment_ids")  # what every task model reads
 TASK_FILE = "task.json"  # a fine-tuned model directory's task settings
@@ -56,9 +56,9 @@ class Task(abc.ABC):
     best_metric: ClassVar[str]
     higher_is_better: ClassVar[tuple[str, ...]]  # what task.best_metric may name
     uses_labels: ClassVar[bool] = False  # a label vocabulary from the training set
-    # The loss ignores padding positions, so batches may be cut to their longest example
-    # (train.bucket_lengths) without changing it.
-    padding_free_loss: ClassVar[bool] = True
+    # Why batches may not be cut to their longest example (train.bucket_lengths), or "" when
+    # they may: the loss ignores padding positions, so cutting them changes nothing.
+    no_bucketing_because: ClassVar[str] = ""
     # One target per example from the pooled [CLS]: training rows may hold several examples
     # (train.examples_per_row, see features.pack_rows).
     packable: ClassVar[bool] = False
@@ -111,6 +111,23 @@ class Task(abc.ABC):
     def fetch(self, outputs):
         """What evaluation brings back to the host from the model's outputs."""
         return outputs
+
+    def forward(self, module, variables: dict, batch: dict, **kwargs):
+        """The model's outputs on a batch (training; evaluation through `infer`). A task
+        whose model reads more than INPUTS (its targets, for teacher forcing) says so here."""
+        packing = {k: batch[k] for k in PACKING_INPUTS if k in batch}
+        return module.apply(variables, *(batch[k] for k in INPUTS), **packing, **kwargs)
+
+    def infer(self, module, params, batch: dict):
+        """What evaluation and prediction bring back from a batch of INPUTS (jitted): the
+        deterministic outputs, fetched; a generating task decodes here."""
+        return self.fetch(self.forward(module, {"params": params}, batch, deterministic=True))
+
+    def warm_start(self, params: dict, checkpoint: dict) -> dict:
+        """The starting parameters from the checkpoint's encoder (`bert`) and the fresh rest;
+        `checkpoint` holds the checkpoint's other parameters by name (its heads). A task may
+        initialise more of its model from them or from the encoder."""
+        return params
 
     # --- evaluation and prediction -----------------------------------------------------------
 

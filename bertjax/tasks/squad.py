@@ -26,8 +26,8 @@ class Squad(Task):
     higher_is_better = ("f1", "exact")
     saved_settings = ("max_seq_length", "doc_stride", "max_query_length", "n_best",
                       "max_answer_length", "version_2", "null_threshold")
-    # The span softmax runs over every position, padding included, as the original's does.
-    padding_free_loss = False
+    no_bucketing_because = ("its span softmax runs over every position, padding included, as "
+                            "the original's does, so cutting them would change the loss")
 
     def read(self, path: str, labelled: bool) -> list[SquadExample]:
         if self.settings.format and self.settings.format != "squad":

@@ -2,9 +2,10 @@
 data, the head, the loss and the evaluation; this file joins them.
 
 The encoder comes from `init_checkpoint` (a model directory, a finished run's workdir or a
-pretraining workdir), the head starts fresh. Each process reads the whole (small) task data
-and feeds its own rows of every global batch; the training order is a permutation per epoch
-from (seed, epoch), so a resumed run sees the batches an uninterrupted one would.
+pretraining workdir), the head starts fresh unless the task's `warm_start` takes it (or more)
+from the checkpoint. Each process reads the whole (small) task data and feeds its own rows of
+every global batch; the training order is a permutation per epoch from (seed, epoch), so a
+resumed run sees the batches an uninterrupted one would.
 
 After every epoch (and at the end) each evaluation set is scored; metrics go to
 WORKDIR/metrics.jsonl and TensorBoard, predictions to WORKDIR/predictions/<set>.jsonl, and at
@@ -58,6 +59,13 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
     """The checkpoint's `bert` parameters (its first `layers` layers), sharded for `mesh`;
     whatever else it holds (pretraining or task heads) is read and dropped."""
+    return load_checkpoint(source, layers, mesh, rules)[0]
+
+
+def load_checkpoint(source: checkpoints.ModelSource, layers: int, mesh,
+                    rules) -> tuple[dict, dict]:
+    """(the checkpoint's `bert` parameters, its first `layers` layers, sharded for `mesh`;
+    the rest of its parameters by name (pretraining or task heads, a decoder), replicated)."""
     stored = source.param_metadata()
     if "bert" not in stored:
         raise ValueError(f"init_checkpoint {source.params_dir}: its parameters have no 'bert' "
@@ -70,10 +78,11 @@ def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> d
     abstract = {name: encoder if name == "bert" else jax.tree.map(
         lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=other), tree)
         for name, tree in stored.items()}
-    bert = source.load_params(abstract)["bert"]
+    rest = source.load_params(abstract)
+    bert = rest.pop("bert")
     kept = {name: layer for name, layer in bert["encoder"].items()
             if not name.startswith("layer_") or int(name[len("layer_"):]) < layers}
-    return {**bert, "encoder": kept}
+    return {**bert, "encoder": kept}, rest
 
 
 def make_optimizer(opt: Any, total_steps: int):
@@ -93,10 +102,10 @@ def make_optimizer(opt: Any, total_steps: int):
 
 def objective(model, task: tasks.Task) -> Objective:
     def apply(params, batch, rng):
-        packing = {k: batch[k] for k in PACKING_INPUTS if k in batch}
-        return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                           batch["segment_ids"], deterministic=rng is None,
-                           rngs=None if rng is None else {"dropout": rng}, **packing)
+        if rng is None:  # evaluation: what the task brings back (a generating task decodes)
+            return task.infer(model, params, batch)
+        return task.forward(model, {"params": params}, batch, deterministic=False,
+                            rngs={"dropout": rng})
 
     def loss(outputs, micro_batch, normalizer):
         loss_sum = task.loss_sum(outputs, micro_batch)
@@ -104,7 +113,7 @@ def objective(model, task: tasks.Task) -> Objective:
 
     return Objective(apply=apply, normalizers=task.normalizer, loss=loss,
                      metrics=lambda value, _: {"loss": value},
-                     evaluate=lambda outputs, _: task.fetch(outputs))
+                     evaluate=lambda outputs, _: outputs)
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
@@ -207,8 +216,11 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     sharding.check_batch_size(train_cfg.eval_batch_size, trainer.mesh, trainer.rules)
 
     def initial_params():
-        encoder = load_encoder(source, cfg.num_hidden_layers, trainer.mesh, trainer.rules)
-        params = {"bert": encoder, **trainer.fresh_params(exclude=("bert",))}
+        encoder, rest = load_checkpoint(source, cfg.num_hidden_layers, trainer.mesh,
+                                        trainer.rules)
+        params = task.warm_start({"bert": encoder, **trainer.fresh_params(exclude=("bert",))},
+                                 rest)
+        params = jax.device_put(params, trainer.param_shardings)  # what warm_start moved
         if jax.process_index() == 0:
             files.write_text(files.path(workdir) / "run_config.json",
                              config.to_json_best_effort(indent=2))

@@ -65,9 +65,22 @@ def defaults() -> ml_collections.ConfigDict:
     config.task.max_answer_length = 30
     config.task.version_2 = False  # SQuAD 2.0: questions may have no answer
     config.task.null_threshold = 0.0  # v2.0: no answer when null score - best span > this
+    # seq2seq: decoder positions ([CLS] target [SEP]; longer targets are an error, and
+    # generation stops there), beam search (1: greedy; length_penalty divides a finished
+    # hypothesis' log-probability by its length to this power; early_stopping: stop a
+    # sentence's search at num_beams finished hypotheses), and label smoothing of the
+    # teacher-forced loss.
+    config.task.max_target_length = 64
+    config.task.num_beams = 4
+    config.task.length_penalty = 1.0
+    config.task.early_stopping = False
+    config.task.label_smoothing = 0.0
+    # seq2seq: the decoder runs the encoder's embeddings and layers (one set of weights, as
+    # transformers' tie_encoder_decoder); only cross-attention and the LM head are its own.
+    config.task.tie_encoder_decoder = False
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
     # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
-    # token_accuracy; squad: F1).
+    # token_accuracy; squad: F1; seq2seq: bleu).
     config.task.best_metric = ""
     config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
 
@@ -185,7 +198,6 @@ def check_bucket_lengths(lengths, max_seq_length: int, task: tasks.Task) -> None
             or lengths[-1] > max_seq_length):
         raise ValueError(f"train.bucket_lengths {tuple(lengths)}: expected ascending distinct "
                          f"lengths from 1 to task.max_seq_length {max_seq_length}")
-    if not task.padding_free_loss:
-        raise ValueError(f"train.bucket_lengths: task.type {task.name}'s loss reads the padding "
-                         f"positions too (as the original's), so cutting them would change it; "
-                         f"set train.bucket_lengths=()")
+    if task.no_bucketing_because:
+        raise ValueError(f"train.bucket_lengths: task.type {task.name} cannot cut its batches: "
+                         f"{task.no_bucketing_because}; set train.bucket_lengths=()")

@@ -68,16 +68,20 @@ def fill_mask(model: str, texts: list[str], top_k: int) -> list[list[list[tuple[
 class TaskPredictor:
     """A fine-tuned model directory (or the workdir that exported it) and its task."""
 
-    def __init__(self, model: str, batch_size: int = 32):
+    def __init__(self, model: str, batch_size: int = 32, command: str | None = None):
+        """`command`: the predict command asked for; a model of another task is refused
+        before its parameters are read."""
         source = checkpoints.open_model(model)
         if source.model_dir is None:
             raise ValueError(f"{model} is a pretraining run, not a fine-tuned model")
         self.task, self.labels = tasks.Task.from_model_directory(source.model_dir)
+        if command is not None and self.task.command != command:
+            raise ValueError(f"{model} is a {self.task.name} model: use "
+                             f"`python -m bertjax.predict {self.task.command}`")
         module = self.task.model(source.config, self.labels)
         self.params = source.load_params(checkpoints.on_first_device(param_shapes(module)))
         self.tokenizer = load_tokenizer(source.tokenizer_dir)
-        self._apply = jax.jit(lambda p, batch: self.task.fetch(module.apply(
-            {"params": p}, *(batch[k] for k in tasks.INPUTS), deterministic=True)))
+        self._apply = jax.jit(lambda p, batch: self.task.infer(module, p, batch))
         self.batch_size = batch_size
 
     def predict(self, examples: Sequence) -> list[dict]:

@@ -1,0 +1,203 @@
+"""Text-to-text generation (translation, paraphrase, summarisation, ...) with BERT2BERT: the
+encoder from the checkpoint, the decoder warm-started from the same encoder weights with
+fresh cross-attention (Rothe, Narayan and Severyn 2020), trained by teacher forcing and
+evaluated on what it generates (greedy or beam search).
+
+Files: TSV/CSV/JSONL with a source and a target column (`task.text_columns`, one column, and
+`task.label_column`; `source` and `target` in configs/finetune/seq2seq.py), or a headerless
+`source<TAB>target` TSV with columns 0 and 1. Scores: BLEU and chrF (sacrebleu) and
+ROUGE-L F1 (rouge-score), on the detokenized predictions against the references as written.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax.models import decoding
+from bertjax.models.seq2seq import Bert2Bert
+from bertjax.tasks.base import Task, TaskSet, register
+from bertjax.tasks.classify import Classification, TextExample
+from bertjax.tasks.features import Features, Packer, stack
+
+log = logging.getLogger(__name__)
+
+
+def target_features(tokenizer, target: str, where: str, max_target_length: int):
+    """`[CLS] target [SEP]` padded to max_target_length: (target_ids, target_mask) int32."""
+    ids = [tokenizer.cls_id, *tokenizer.encode(target), tokenizer.sep_id]
+    if len(ids) > max_target_length:
+        raise ValueError(f"{where}: the target is {len(ids)} tokens with [CLS] and [SEP], "
+                         f"longer than task.max_target_length {max_target_length}; raise it "
+                         f"(at most the model's max_position_embeddings) or shorten the target")
+    pad = max_target_length - len(ids)
+    return (np.array(ids + [tokenizer.pad_id] * pad, np.int32),
+            np.array([1] * len(ids) + [0] * pad, np.int32))
+
+
+def score(predictions: list[str], references: list[str]) -> dict:
+    """Corpus BLEU and chrF (sacrebleu's defaults) and mean ROUGE-L F1 (x 100)."""
+    import sacrebleu
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rouge = [scorer.score(ref, pred)["rougeL"].fmeasure
+             for pred, ref in zip(predictions, references)]
+    return {"bleu": sacrebleu.corpus_bleu(predictions, [references]).score,
+            "chrf": sacrebleu.corpus_chrf(predictions, [references]).score,
+            "rougeL": 100.0 * float(np.mean(rouge))}
+
+
+def _check_same_shapes(stored, expected) -> None:
+    def shapes(tree):
+        return {jax.tree_util.keystr(p): tuple(x.shape)
+                for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
+    differ = sorted(set(shapes(stored).items()) ^ set(shapes(expected).items()))
+    if differ:
+        raise ValueError(f"init_checkpoint's decoder does not fit the model (model.keep_layers "
+                         f"or another architecture?): {differ[0][0]} differs")
+
+
+@register
+class Seq2Seq(Classification):
+    """Reads its files as a one-column classification task does, the target as the label."""
+
+    name = "seq2seq"
+    command = "generate"
+    targets = ("target_ids", "target_mask")
+    best_metric = "bleu"
+    higher_is_better = ("bleu", "chrf", "rougeL")
+    uses_labels = False
+    no_bucketing_because = ("its target arrays have their own length, which cutting by the "
+                            "input's would corrupt")
+    saved_settings = ("max_seq_length", "max_target_length", "num_beams", "length_penalty",
+                      "early_stopping", "label_smoothing", "tie_encoder_decoder")
+
+    # The tokenizer of the features, bound by `featurize`: decoding needs its [CLS], [SEP]
+    # and [PAD] ids and evaluation its detokenizer.
+    tokenizer = None
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        if settings.max_target_length < 3:
+            raise ValueError(f"task.max_target_length {settings.max_target_length}: at least 3 "
+                             f"([CLS], a token, [SEP])")
+        if settings.num_beams < 1:
+            raise ValueError(f"task.num_beams {settings.num_beams}: at least 1 (1 is greedy)")
+        if not 0.0 <= settings.label_smoothing < 1.0:
+            raise ValueError(f"task.label_smoothing {settings.label_smoothing}: in [0, 1)")
+
+    def read_tfds(self, name: str, split: str, data_dir: str | None) -> list:
+        return Task.read_tfds(self, name, split, data_dir)
+
+    def label_vocab(self, train_examples: list) -> None:
+        return None
+
+    def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
+        s = self.settings
+        self.tokenizer = tokenizer
+        packer = Packer(tokenizer, s.max_seq_length)
+        rows, truncated = [], 0
+        for example, ids in zip(examples, tokenizer.encode_batch([e.text_a for e in examples])):
+            if not ids:
+                raise ValueError(f"{example.guid}: the source is empty")
+            truncated += len(ids) > s.max_seq_length - 2
+            row = packer.pack(ids[:s.max_seq_length - 2])
+            if example.label is not None:
+                row = (*row, *target_features(tokenizer, example.label, example.guid,
+                                              s.max_target_length))
+            rows.append(row)
+        if truncated:
+            log.info("%d of %d sources truncated to %d tokens", truncated, len(examples),
+                     s.max_seq_length)
+        labelled = bool(examples) and examples[0].label is not None
+        names = ["input_ids", "input_mask", "segment_ids"] + (list(self.targets) if labelled
+                                                              else [])
+        return Features(stack(rows, names), {"examples": len(examples), "truncated": truncated})
+
+    def examples_from_texts(self, texts, context: str = "") -> list[TextExample]:
+        return [TextExample(f"text{i}", text) for i, text in enumerate(texts)]
+
+    def model(self, config, labels):
+        if self.settings.max_target_length > config.max_position_embeddings:
+            raise ValueError(f"task.max_target_length {self.settings.max_target_length} "
+                             f"exceeds the model's max_position_embeddings "
+                             f"{config.max_position_embeddings}")
+        return Bert2Bert(config, tie_encoder_decoder=self.settings.tie_encoder_decoder)
+
+    def warm_start(self, params: dict, checkpoint: dict) -> dict:
+        """A checkpoint that has a decoder (a converted EncoderDecoderModel, a seq2seq model)
+        gives it whole. Otherwise the decoder's LM head is the checkpoint's masked-LM head if
+        it has one, and (unless tied to the encoder) its embeddings and layers copies of the
+        encoder's, which then train apart; cross-attention starts fresh."""
+        fresh = params["decoder"]
+        if "decoder" in checkpoint:
+            _check_same_shapes(checkpoint["decoder"], fresh)
+            return {**params, "decoder": checkpoint["decoder"]}
+        head = fresh["mlm"]
+        if "mlm" in checkpoint:
+            _check_same_shapes(checkpoint["mlm"], head)
+            head = checkpoint["mlm"]
+        if self.settings.tie_encoder_decoder:
+            return {**params, "decoder": {**fresh, "mlm": head}}
+        encoder, decoder = params["bert"], fresh["bert"]
+        copied = {"embeddings": encoder["embeddings"],
+                  "encoder": {name: {**decoder["encoder"][name], **layer}
+                              for name, layer in encoder["encoder"].items()}}
+        return {**params, "decoder": {"bert": jax.tree.map(jnp.copy, copied), "mlm": head}}
+
+    def normalizer(self, batch: dict):
+        return jnp.sum(batch["target_mask"][:, 1:]).astype(jnp.float32)
+
+    def forward(self, module, variables: dict, batch: dict, **kwargs):
+        """Teacher forcing: the decoder reads the target but its last token and predicts it
+        but its first."""
+        return module.apply(variables, batch["input_ids"], batch["input_mask"],
+                            batch["segment_ids"], batch["target_ids"][:, :-1],
+                            batch["target_mask"][:, :-1], **kwargs)
+
+    def loss_sum(self, logits_BTV, batch):
+        labels_BT = batch["target_ids"][:, 1:]
+        weights_BT = batch["target_mask"][:, 1:].astype(jnp.float32)
+        one_hot_BTV = jax.nn.one_hot(labels_BT, logits_BTV.shape[-1])
+        if self.settings.label_smoothing:
+            one_hot_BTV = optax.smooth_labels(one_hot_BTV, self.settings.label_smoothing)
+        return jnp.sum(optax.softmax_cross_entropy(logits_BTV, one_hot_BTV) * weights_BT)
+
+    def decoding(self) -> decoding.Settings:
+        if self.tokenizer is None:
+            raise RuntimeError("seq2seq decodes features it made: call featurize first")
+        s = self.settings
+        return decoding.Settings(
+            start_id=self.tokenizer.cls_id, eos_id=self.tokenizer.sep_id,
+            pad_id=self.tokenizer.pad_id, max_length=s.max_target_length,
+            num_beams=s.num_beams, length_penalty=s.length_penalty,
+            early_stopping=s.early_stopping)
+
+    def infer(self, module, params, batch: dict):
+        return decoding.generate(module, params, batch["input_ids"], batch["input_mask"],
+                                 batch["segment_ids"], self.decoding())
+
+    def text(self, ids_T) -> str:
+        """The generated text: the tokens after the start token, up to [SEP]."""
+        ids = [int(t) for t in ids_T[1:]]
+        if self.tokenizer.sep_id in ids:
+            ids = ids[:ids.index(self.tokenizer.sep_id)]
+        return self.tokenizer.decode(ids)
+
+    def evaluate(self, taskset: TaskSet, tokens_NT, labels):
+        predictions = [self.text(row) for row in tokens_NT]
+        records = [{"guid": e.guid, "source": e.text_a, "prediction": p,
+                    **({"target": e.label} if e.label is not None else {})}
+                   for e, p in zip(taskset.examples, predictions)]
+        scores = {}
+        if taskset.labelled:
+            scores = score(predictions, [e.label for e in taskset.examples])
+        return scores, records
+
+    def format_record(self, record: dict) -> str:
+        return record["prediction"]
