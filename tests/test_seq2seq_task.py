@@ -118,6 +118,11 @@ def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
     with pytest.raises(ValueError, match="init_checkpoint's decoder does not fit the model"):
         task.warm_start(fresh, {"decoder": shorter})
 
+    # The baseline warm-starting is measured against: a fresh decoder, whatever the checkpoint.
+    cold = tasks.get("seq2seq")(tiny_config("unused", type="seq2seq",
+                                            warm_start_decoder=False).task)
+    assert cold.warm_start(fresh, {"decoder": trained, "mlm": mlm})["decoder"] is decoder
+
     tied_task = tasks.get("seq2seq")(tiny_config("unused", type="seq2seq",
                                                  tie_encoder_decoder=True).task)
     tied = nn.unbox(init_params(tied_task.model(TINY, None), jax.random.PRNGKey(0)))
@@ -125,3 +130,7 @@ def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
     assert warm["decoder"]["mlm"] is mlm and warm["bert"] is tied["bert"]
     assert set(warm["decoder"]["bert"]["encoder"]["layer_0"]) == {
         "crossattention", "crossattention_layer_norm"}
+    tied_cold = tasks.get("seq2seq")(tiny_config(
+        "unused", type="seq2seq", tie_encoder_decoder=True, warm_start_decoder=False).task)
+    with pytest.raises(ValueError, match="a tied decoder is the encoder"):
+        tied_cold.warm_start(tied, {})

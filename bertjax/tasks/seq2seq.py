@@ -130,11 +130,18 @@ class Seq2Seq(Classification):
         return Bert2Bert(config, tie_encoder_decoder=self.settings.tie_encoder_decoder)
 
     def warm_start(self, params: dict, checkpoint: dict) -> dict:
-        """A checkpoint that has a decoder (a converted EncoderDecoderModel, a seq2seq model)
+        """With task.warm_start_decoder=False the decoder keeps its fresh initialisation.
+        Otherwise a checkpoint that has a decoder (a converted EncoderDecoderModel, a seq2seq model)
         gives it whole. Otherwise the decoder's LM head is the checkpoint's masked-LM head if
         it has one, and (unless tied to the encoder) its embeddings and layers copies of the
         encoder's, which then train apart; cross-attention starts fresh."""
         fresh = params["decoder"]
+        if not self.settings.warm_start_decoder:
+            if self.settings.tie_encoder_decoder:
+                raise ValueError("task.warm_start_decoder=False with task.tie_encoder_decoder="
+                                 "True: a tied decoder is the encoder; untie it to start the "
+                                 "decoder fresh")
+            return params
         if "decoder" in checkpoint:
             _check_same_shapes(checkpoint["decoder"], fresh)
             return {**params, "decoder": checkpoint["decoder"]}

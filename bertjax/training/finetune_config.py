@@ -78,6 +78,10 @@ def defaults() -> ml_collections.ConfigDict:
     # seq2seq: the decoder runs the encoder's embeddings and layers (one set of weights, as
     # transformers' tie_encoder_decoder); only cross-attention and the LM head are its own.
     config.task.tie_encoder_decoder = False
+    # seq2seq: the decoder starts as a copy of the checkpoint's encoder (and its masked-LM
+    # head), as Rothe et al. (2020) warm-start BERT2BERT; False starts it fresh (their
+    # BERT2Rnd, the baseline warm-starting is measured against).
+    config.task.warm_start_decoder = True
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
     # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
     # token_accuracy; squad: F1; seq2seq: bleu).
