@@ -22,9 +22,9 @@ Fine-tuned models (`--checkpoint` is the fine-tuning WORKDIR or its WORKDIR/mode
 `classify` gives the label and its probability (or the score of a regression model; a TAB in
 `--text` separates a sentence pair), `tag` a tag per word, `qa` the answer span (empty: no
 answer), `segment` the words of the text, separated by spaces, `generate` the text a seq2seq
-model writes for each source (decoded as the model was evaluated). `tag` prints word/TAG
-pairs for part-of-speech and other plain tag sets, the sentence with its entities bracketed
-for entity tags, the words for segmentation tags. `--input` reads a file laid out like the
+or unilm model writes for each source (decoded as the model was evaluated). `tag` prints
+word/TAG pairs for part-of-speech and other plain tag sets, the sentence with its entities
+bracketed for entity tags, the words for segmentation tags. `--input` reads a file laid out like the
 training data (TSV/CSV/JSONL with `--text_columns`, CoNLL, SQuAD JSON, or for `segment` one
 raw sentence a line); `--output` writes one JSON record per example.
 """

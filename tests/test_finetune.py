@@ -191,7 +191,9 @@ def test_squad_v2_run_reports_no_answer_scores_and_official_answers(tmp_path, ti
     assert all(r["prediction"] in ("", r["best_span"]) and "null_odds" in r for r in records)
 
 
-@pytest.mark.parametrize("name", ["classify", "pair", "tag", "squad", "seq2seq"])
+@pytest.mark.parametrize("name", sorted(f[:-3] for f in os.listdir(os.path.join(ROOT, "configs",
+                                                                   "finetune"))
+                                         if f.endswith(".py")))
 def test_finetune_configs_have_every_key_and_their_command(name):
     import importlib.util
     from bertjax.training import finetune_config

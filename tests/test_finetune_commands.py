@@ -14,7 +14,7 @@ from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
-CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad", "seq2seq")
+CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad", "seq2seq", "unilm")
 SOURCES = ("converted", "pretraining workdir")
 # Both sources feed every task through the same reader (checkpoints.open_model), so each
 # config runs from one of them, in turn; classification from both.

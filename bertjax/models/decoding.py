@@ -1,4 +1,5 @@
-"""Greedy, beam and sampled decoding for `seq2seq.Bert2Bert`, as one jittable function.
+"""Greedy, beam and sampled decoding for `seq2seq.Bert2Bert` and `seq2seq.UniLM`, as one
+jittable function.
 
 Every array has its final size from the start (`max_length` positions, the key/value cache
 included) and the loop is a `lax.while_loop` that stops when every sequence has ended, so a
@@ -6,6 +7,11 @@ batch compiles once whatever the lengths it produces. Greedy and beam search dec
 transformers' `generate` does (the same scores, length penalty, `early_stopping` values and
 stopping rules), so their outputs can be compared token for token. Sequences start with
 `start_id`, end with `eos_id` (kept) and are filled with `pad_id` after it.
+
+Both models decode through one `step(cache, tokens_B, position) -> (logits_BV, cache)`: for
+BERT2BERT the cache is the decoder's keys and values; for the one stack it is the rows
+themselves, `[CLS] source [SEP] target so far [MASK]`, which each step runs whole (UniLM
+decodes by appending: the token chosen replaces the [MASK], a new [MASK] follows it).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.seq2seq import Bert2Bert
+from bertjax.models.seq2seq import Bert2Bert, UniLM
 
 NEG = -1.0e9  # transformers' "impossible" score; kept so ties break the same way
 
@@ -38,6 +44,7 @@ class Settings:
     temperature: float = 1.0
     top_k: int = 0  # sample among the k most likely tokens; 0: all
     top_p: float = 1.0  # sample among the most likely tokens holding this much probability
+    mask_id: int = -1  # the one stack's [MASK], the slot it predicts
 
     def __post_init__(self):
         if self.max_length < 2:
@@ -67,10 +74,46 @@ def _stepper(model: Bert2Bert, params, encoded_BSD, input_mask_BS, max_length: i
     return step
 
 
+def _one_stack_stepper(model: UniLM, params, input_ids, input_mask, segment_ids, mask_id):
+    """The UniLM step: rows `[CLS] source [SEP]` (padded to room for the target) are the
+    cache; the generated token at `position` (the start token is 0 and not written) goes
+    after the source, and a [MASK] after it is the slot predicted next."""
+    if mask_id < 0:
+        raise ValueError("decoding the one stack needs Settings.mask_id")
+    rows_X = jnp.arange(input_ids.shape[0])
+
+    def put(cache, at_X, token_X):
+        return {**cache, "ids": cache["ids"].at[rows_X, at_X].set(token_X),
+                "mask": cache["mask"].at[rows_X, at_X].set(1),
+                "segments": cache["segments"].at[rows_X, at_X].set(1)}
+
+    def step(cache, tokens_X, position):
+        if cache is None:
+            cache = {"ids": input_ids, "mask": input_mask, "segments": segment_ids,
+                     "source_length": jnp.sum(input_mask, axis=1)}
+        else:
+            cache = put(cache, cache["source_length"] + position - 1, tokens_X)
+        slot_X = cache["source_length"] + position
+        cache = put(cache, slot_X, jnp.full_like(tokens_X, mask_id))
+        logits_X1V = model.apply({"params": params}, cache["ids"], cache["mask"],
+                                 cache["segments"], slot_X[:, None])
+        return logits_X1V[:, 0], cache
+    return step
+
+
 @functools.partial(jax.jit, static_argnums=(0, 5))
-def generate(model: Bert2Bert, params, input_ids, input_mask, segment_ids, settings: Settings,
-             rng=None):
-    """[B, max_length] int32 token ids, the start token first; `rng` for sampling."""
+def generate(model: Bert2Bert | UniLM, params, input_ids, input_mask, segment_ids,
+             settings: Settings, rng=None):
+    """[B, max_length] int32 token ids, the start token first; `rng` for sampling. The one
+    stack's rows need room for max_length - 1 generated tokens after the source."""
+    if isinstance(model, UniLM):
+        beams = settings.num_beams
+        step = _one_stack_stepper(model, params, *(jnp.repeat(x, beams, axis=0) for x in
+                                                   (input_ids, input_mask, segment_ids)),
+                                  settings.mask_id)
+        if beams == 1:
+            return _greedy(step, input_ids.shape[0], settings, rng)
+        return _beam_search(step, input_ids.shape[0], settings)
     encoded_BSD = model.apply({"params": params}, input_ids, input_mask, segment_ids,
                               method=Bert2Bert.encode)
     if settings.num_beams == 1:

@@ -1,7 +1,12 @@
-"""Text-to-text generation (translation, paraphrase, summarisation, ...) with BERT2BERT: the
-encoder from the checkpoint, the decoder warm-started from the same encoder weights with
-fresh cross-attention (Rothe, Narayan and Severyn 2020), trained by teacher forcing and
-evaluated on what it generates (greedy or beam search).
+"""Text-to-text generation (translation, paraphrase, summarisation, ...), evaluated on what
+the model generates (greedy or beam search):
+
+- `seq2seq`, BERT2BERT: the encoder from the checkpoint, the decoder warm-started from the
+  same encoder weights with fresh cross-attention (Rothe, Narayan and Severyn 2020), trained
+  by teacher forcing;
+- `unilm`, one stack: the checkpoint's BERT and masked-LM head over `[CLS] source [SEP]
+  target [SEP]` under the seq2seq mask (UniLM, Dong et al. 2019), trained by masking target
+  tokens and predicting them, generating by appending.
 
 Files: TSV/CSV/JSONL with a source and a target column (`task.text_columns`, one column, and
 `task.label_column`; `source` and `target` in configs/finetune/seq2seq.py), or a headerless
@@ -11,6 +16,7 @@ ROUGE-L F1 (rouge-score), on the detokenized predictions against the references 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -19,21 +25,27 @@ import numpy as np
 import optax
 
 from bertjax.models import decoding
-from bertjax.models.seq2seq import Bert2Bert
-from bertjax.tasks.base import Task, TaskSet, register
+from bertjax.models.seq2seq import Bert2Bert, UniLM
+from bertjax.tasks.base import INPUTS, Task, TaskSet, register
 from bertjax.tasks.classify import Classification, TextExample
 from bertjax.tasks.features import Features, Packer, stack
 
 log = logging.getLogger(__name__)
 
 
-def target_features(tokenizer, target: str, where: str, max_target_length: int):
-    """`[CLS] target [SEP]` padded to max_target_length: (target_ids, target_mask) int32."""
+def target_tokens(tokenizer, target: str, where: str, max_target_length: int) -> list[int]:
+    """`[CLS] target [SEP]`, at most max_target_length ids (what generation produces)."""
     ids = [tokenizer.cls_id, *tokenizer.encode(target), tokenizer.sep_id]
     if len(ids) > max_target_length:
         raise ValueError(f"{where}: the target is {len(ids)} tokens with [CLS] and [SEP], "
                          f"longer than task.max_target_length {max_target_length}; raise it "
                          f"(at most the model's max_position_embeddings) or shorten the target")
+    return ids
+
+
+def target_features(tokenizer, target: str, where: str, max_target_length: int):
+    """`[CLS] target [SEP]` padded to max_target_length: (target_ids, target_mask) int32."""
+    ids = target_tokens(tokenizer, target, where, max_target_length)
     pad = max_target_length - len(ids)
     return (np.array(ids + [tokenizer.pad_id] * pad, np.int32),
             np.array([1] * len(ids) + [0] * pad, np.int32))
@@ -208,3 +220,120 @@ class Seq2Seq(Classification):
 
     def format_record(self, record: dict) -> str:
         return record["prediction"]
+
+
+@register
+class OneStackSeq2Seq(Seq2Seq):
+    """UniLM's seq2seq fine-tuning. A row is `[CLS] source [SEP]` with room after it for
+    task.max_target_length - 1 target tokens (the count BERT2BERT's `[CLS] target [SEP]`
+    allows); training puts `target [SEP]` there (its positions following the source's, as
+    when generating). Each training step masks every target token (the final [SEP] included, so the
+    model learns where to stop) with probability task.target_mask_rate, drawn afresh each
+    step, and predicts the masked ones from the source and the target before them."""
+
+    name = "unilm"
+    targets = ("target_positions", "target_ids", "target_mask")
+    no_bucketing_because = ("its rows hold the source and the target (task.max_seq_length + "
+                            "task.max_target_length positions), beyond the source's lengths "
+                            "that train.bucket_lengths names")
+    saved_settings = Seq2Seq.saved_settings + ("warm_start_decoder", "target_mask_rate")
+
+    def __init__(self, settings):
+        super().__init__(settings)
+        if settings.tie_encoder_decoder:
+            raise ValueError("task.tie_encoder_decoder: unilm is one stack already; the option "
+                             "is seq2seq's (BERT2BERT)")
+        if not settings.warm_start_decoder:
+            raise ValueError("task.warm_start_decoder=False: unilm has no decoder to start "
+                             "fresh; the option is seq2seq's (BERT2BERT)")
+        if not 0.0 < settings.target_mask_rate <= 1.0:
+            raise ValueError(f"task.target_mask_rate {settings.target_mask_rate}: in (0, 1]")
+
+    @property
+    def row_length(self) -> int:
+        return self.settings.max_seq_length + self.settings.max_target_length
+
+    def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
+        s = self.settings
+        self.tokenizer = tokenizer
+        packer = Packer(tokenizer, self.row_length)
+        slots = s.max_target_length - 1
+        rows, truncated = [], 0
+        for example, ids in zip(examples, tokenizer.encode_batch([e.text_a for e in examples])):
+            if not ids:
+                raise ValueError(f"{example.guid}: the source is empty")
+            truncated += len(ids) > s.max_seq_length - 2
+            source = ids[:s.max_seq_length - 2]
+            row = packer.pack(source)
+            if example.label is not None:
+                # `target [SEP]`: the [CLS] that starts a generated sequence has no slot.
+                target = target_tokens(tokenizer, example.label, example.guid,
+                                       s.max_target_length)[1:]
+                first, pad = len(source) + 2, slots - len(target)
+                row = (*row,
+                       np.array([*range(first, first + len(target))] + [0] * pad, np.int32),
+                       np.array(target + [tokenizer.pad_id] * pad, np.int32),
+                       np.array([1] * len(target) + [0] * pad, np.int32))
+            rows.append(row)
+        if truncated:
+            log.info("%d of %d sources truncated to %d tokens", truncated, len(examples),
+                     s.max_seq_length)
+        labelled = bool(examples) and examples[0].label is not None
+        names = list(INPUTS) + (list(self.targets) if labelled else [])
+        return Features(stack(rows, names), {"examples": len(examples), "truncated": truncated})
+
+    def model(self, config, labels):
+        if self.row_length > config.max_position_embeddings:
+            raise ValueError(f"task.max_seq_length + task.max_target_length = "
+                             f"{self.row_length} exceeds the model's max_position_embeddings "
+                             f"{config.max_position_embeddings}: unilm puts source and target "
+                             f"in one row")
+        return UniLM(config)
+
+    def warm_start(self, params: dict, checkpoint: dict) -> dict:
+        """The masked-LM head from the checkpoint when it has one: UniLM predicts target
+        tokens as pretraining predicted masked ones."""
+        if "mlm" not in checkpoint:
+            return params
+        _check_same_shapes(checkpoint["mlm"], params["mlm"])
+        return {**params, "mlm": checkpoint["mlm"]}
+
+    def normalizer(self, batch: dict):
+        """The expected number of masked target tokens: the masks are drawn inside each
+        micro-batch's step, but the whole batch's denominator is fixed before them."""
+        return self.settings.target_mask_rate * jnp.sum(batch["target_mask"]).astype(
+            jnp.float32)
+
+    def forward(self, module, variables: dict, batch: dict, deterministic: bool = True,
+                rngs=None):
+        """(logits [B, T, V] at the target positions, which of them were masked). The rows
+        hold the source alone (as when generating); the target goes in here, its masked
+        tokens as [MASK]."""
+        positions_BT, target_BT = batch["target_positions"], batch["target_mask"].astype(bool)
+        masked_BT = target_BT
+        if not deterministic:
+            draw_BT = jax.random.uniform(jax.random.fold_in(rngs["dropout"], 0x6d61736b),
+                                         positions_BT.shape)
+            masked_BT = target_BT & (draw_BT < self.settings.target_mask_rate)
+        rows_B1 = jnp.arange(positions_BT.shape[0])[:, None]
+
+        def put(x_BL, value_BT):
+            # Empty target slots point at position 0 and write back what is there.
+            kept_BT = x_BL[rows_B1, positions_BT]
+            return x_BL.at[rows_B1, positions_BT].set(jnp.where(target_BT, value_BT, kept_BT))
+
+        shown_BT = jnp.where(masked_BT, self.tokenizer.mask_id, batch["target_ids"])
+        logits_BTV = module.apply(variables, put(batch["input_ids"], shown_BT),
+                                  put(batch["input_mask"], 1), put(batch["segment_ids"], 1),
+                                  positions_BT, deterministic=deterministic, rngs=rngs)
+        return logits_BTV, masked_BT
+
+    def loss_sum(self, outputs, batch):
+        logits_BTV, masked_BT = outputs
+        one_hot_BTV = jax.nn.one_hot(batch["target_ids"], logits_BTV.shape[-1])
+        if self.settings.label_smoothing:
+            one_hot_BTV = optax.smooth_labels(one_hot_BTV, self.settings.label_smoothing)
+        return jnp.sum(optax.softmax_cross_entropy(logits_BTV, one_hot_BTV) * masked_BT)
+
+    def decoding(self) -> decoding.Settings:
+        return dataclasses.replace(super().decoding(), mask_id=self.tokenizer.mask_id)

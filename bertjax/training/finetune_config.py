@@ -82,9 +82,12 @@ def defaults() -> ml_collections.ConfigDict:
     # head), as Rothe et al. (2020) warm-start BERT2BERT; False starts it fresh (their
     # BERT2Rnd, the baseline warm-starting is measured against).
     config.task.warm_start_decoder = True
+    # unilm: the share of target tokens masked (and predicted) in each training step; UniLM
+    # fine-tuned with 0.7.
+    config.task.target_mask_rate = 0.7
     # The metric that picks the best evaluation: '' is accuracy (classification), pearson
     # (regression), f1 (tagging: entity F1, or word F1 for segmentation; plain tags:
-    # token_accuracy; squad: F1; seq2seq: bleu).
+    # token_accuracy; squad: F1; seq2seq and unilm: bleu).
     config.task.best_metric = ""
     config.task.tokenizer = ""  # '' uses the init checkpoint's (or its shard_dir's) tokenizer
 
