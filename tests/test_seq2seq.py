@@ -109,6 +109,13 @@ def test_greedy_and_beam_search_equal_transformers_generate(
         assert _until_eos(got, eos_id) == _until_eos(want, eos_id)
         if eos_id in got[1:]:  # after the end: padding
             assert set(got[got.tolist().index(eos_id, 1) + 1:]) <= {tokenizer.pad_token_id}
+    # A single row (decoded as two, see decoding.generate) gives what it gave in the batch.
+    alone = np.asarray(decoding.generate(Bert2Bert(converted.config), converted.params,
+                                         *(source[k][1:2] for k in ("input_ids",
+                                                                    "attention_mask",
+                                                                    "token_type_ids")),
+                                         settings))
+    assert _until_eos(alone[0], eos_id) == _until_eos(ours[1], eos_id)
 
 
 def test_converted_back_loads_in_transformers_unchanged(hf_model, converted, tmp_path):

@@ -106,6 +106,16 @@ def generate(model: Bert2Bert | UniLM, params, input_ids, input_mask, segment_id
              settings: Settings, rng=None):
     """[B, max_length] int32 token ids, the start token first; `rng` for sampling. The one
     stack's rows need room for max_length - 1 generated tokens after the source."""
+    if input_ids.shape[0] * settings.num_beams == 1:
+        # One row is decoded as two: for a single row XLA's CPU compiler transposes the
+        # [V, D] word embeddings inside the loop, at every token (3x the time per token of
+        # two rows, measured with MiniLM; benchmarks/generation_vs_transformers.py).
+        twice = [jnp.concatenate([x, x]) for x in (input_ids, input_mask, segment_ids)]
+        return _generate(model, params, *twice, settings, rng)[:1]
+    return _generate(model, params, input_ids, input_mask, segment_ids, settings, rng)
+
+
+def _generate(model, params, input_ids, input_mask, segment_ids, settings: Settings, rng):
     if isinstance(model, UniLM):
         beams = settings.num_beams
         step = _one_stack_stepper(model, params, *(jnp.repeat(x, beams, axis=0) for x in
