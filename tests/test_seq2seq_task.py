@@ -134,3 +134,38 @@ def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
         "unused", type="seq2seq", tie_encoder_decoder=True, warm_start_decoder=False).task)
     with pytest.raises(ValueError, match="a tied decoder is the encoder"):
         tied_cold.warm_start(tied, {})
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_token_loss_is_optax_cross_entropy_on_smoothed_one_hot_labels(smoothing):
+    import numpy as np
+    import optax
+    from bertjax.tasks.seq2seq import token_cross_entropy
+
+    logits = jax.random.normal(jax.random.PRNGKey(0), (3, 5, 41)) * 4
+    labels = jax.random.randint(jax.random.PRNGKey(1), (3, 5), 0, 41)
+    expected = optax.softmax_cross_entropy(
+        logits, optax.smooth_labels(jax.nn.one_hot(labels, 41), smoothing))
+    np.testing.assert_allclose(token_cross_entropy(logits, labels, smoothing), expected,
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_a_prepared_tfds_dataset_feeds_source_and_target():
+    import tensorflow_datasets as tfds
+
+    config = tiny_config("unused", type="seq2seq", tfds_name="gigaword",
+                         tfds_eval_splits="validation", text_columns="document",
+                         label_column="summary", max_target_length=48)
+    task = tasks.get("seq2seq")(config.task)
+    with tfds.testing.mock_data(num_examples=5):
+        data = task.load(wordpiece())
+        with pytest.raises(ValueError, match=r"TFDS dataset gigaword has no feature 'target' "
+                                             r"\(set task.text_columns .* it has document, "
+                                             r"summary\)"):
+            task.settings.label_column = "target"
+            task.read_tfds("gigaword", "train", None)
+    assert len(data.train.examples) == 5 and [s.name for s in data.evals] == ["validation"]
+    example = data.train.examples[0]
+    assert example.guid == "tfds:gigaword/train:0" and example.text_a and example.label
+    assert set(data.train.features.arrays) == {"input_ids", "input_mask", "segment_ids",
+                                               "target_ids", "target_mask"}

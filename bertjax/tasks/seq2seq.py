@@ -22,12 +22,11 @@ import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from bertjax.models import decoding
 from bertjax.models.seq2seq import Bert2Bert, UniLM
 from bertjax.tasks.base import INPUTS, Task, TaskSet, register
-from bertjax.tasks.classify import Classification, TextExample
+from bertjax.tasks.classify import Classification, TextExample, tfds_rows
 from bertjax.tasks.features import Features, Packer, stack
 
 log = logging.getLogger(__name__)
@@ -49,6 +48,17 @@ def target_features(tokenizer, target: str, where: str, max_target_length: int):
     pad = max_target_length - len(ids)
     return (np.array(ids + [tokenizer.pad_id] * pad, np.int32),
             np.array([1] * len(ids) + [0] * pad, np.int32))
+
+
+def token_cross_entropy(logits_BTV, labels_BT, label_smoothing: float):
+    """Cross-entropy [B, T] against labels smoothed by `label_smoothing` (optax.smooth_labels'
+    (1 - a) one-hot + a / V), from integer labels: no [B, T, V] one-hot is built, which at
+    BERT's vocabulary would cost as much memory as the logits."""
+    log_probs_BTV = jax.nn.log_softmax(logits_BTV, axis=-1)
+    nll_BT = -jnp.take_along_axis(log_probs_BTV, labels_BT[..., None], axis=-1)[..., 0]
+    if not label_smoothing:
+        return nll_BT
+    return (1.0 - label_smoothing) * nll_BT - label_smoothing * jnp.mean(log_probs_BTV, axis=-1)
 
 
 def score(predictions: list[str], references: list[str]) -> dict:
@@ -103,8 +113,25 @@ class Seq2Seq(Classification):
         if not 0.0 <= settings.label_smoothing < 1.0:
             raise ValueError(f"task.label_smoothing {settings.label_smoothing}: in [0, 1)")
 
-    def read_tfds(self, name: str, split: str, data_dir: str | None) -> list:
-        return Task.read_tfds(self, name, split, data_dir)
+    def read_tfds(self, name: str, split: str, data_dir: str | None) -> list[TextExample]:
+        """A prepared TFDS text-to-text dataset, the source from its feature named by
+        task.text_columns and the target from task.label_column's (gigaword: document,
+        summary; cnn_dailymail: article, highlights; wmt14_translate/de-en: de, en)."""
+        if len(self.settings.text_columns) != 1:
+            raise ValueError(f"task.text_columns {self.settings.text_columns}: a {self.name} "
+                             f"source is one feature")
+        (source_key,), target_key = self.settings.text_columns, self.settings.label_column
+        examples = []
+        for i, row in enumerate(tfds_rows(name, split, data_dir)[1]):
+            missing = [k for k in (source_key, target_key) if k not in row]
+            if missing:
+                raise ValueError(f"TFDS dataset {name} has no feature {missing[0]!r} (set "
+                                 f"task.text_columns and task.label_column to its source and "
+                                 f"target; it has {', '.join(sorted(row))})")
+            examples.append(TextExample(f"tfds:{name}/{split}:{i}",
+                                        row[source_key].decode("utf-8"),
+                                        label=row[target_key].decode("utf-8")))
+        return examples
 
     def label_vocab(self, train_examples: list) -> None:
         return None
@@ -180,12 +207,9 @@ class Seq2Seq(Classification):
                             batch["target_mask"][:, :-1], **kwargs)
 
     def loss_sum(self, logits_BTV, batch):
-        labels_BT = batch["target_ids"][:, 1:]
         weights_BT = batch["target_mask"][:, 1:].astype(jnp.float32)
-        one_hot_BTV = jax.nn.one_hot(labels_BT, logits_BTV.shape[-1])
-        if self.settings.label_smoothing:
-            one_hot_BTV = optax.smooth_labels(one_hot_BTV, self.settings.label_smoothing)
-        return jnp.sum(optax.softmax_cross_entropy(logits_BTV, one_hot_BTV) * weights_BT)
+        return jnp.sum(token_cross_entropy(logits_BTV, batch["target_ids"][:, 1:],
+                                           self.settings.label_smoothing) * weights_BT)
 
     def decoding(self) -> decoding.Settings:
         if self.tokenizer is None:
@@ -330,10 +354,8 @@ class OneStackSeq2Seq(Seq2Seq):
 
     def loss_sum(self, outputs, batch):
         logits_BTV, masked_BT = outputs
-        one_hot_BTV = jax.nn.one_hot(batch["target_ids"], logits_BTV.shape[-1])
-        if self.settings.label_smoothing:
-            one_hot_BTV = optax.smooth_labels(one_hot_BTV, self.settings.label_smoothing)
-        return jnp.sum(optax.softmax_cross_entropy(logits_BTV, one_hot_BTV) * masked_BT)
+        return jnp.sum(token_cross_entropy(logits_BTV, batch["target_ids"],
+                                           self.settings.label_smoothing) * masked_BT)
 
     def decoding(self) -> decoding.Settings:
         return dataclasses.replace(super().decoding(), mask_id=self.tokenizer.mask_id)
