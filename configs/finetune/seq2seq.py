@@ -10,7 +10,13 @@ and ROUGE-L.
 CKPT (`init_checkpoint`) is a model directory (`python -m bertjax.convert --from=hf
 --input=<Hugging Face BERT dir> --output=/tmp/minilm`) or a bertjax pretraining workdir.
 Files are TSVs with a header `source<TAB>target` (CSV and JSONL alike; a headerless TSV:
---config.task.header=false --config.task.text_columns=0 --config.task.label_column=1).
+--config.task.header=false --config.task.text_columns=0 --config.task.label_column=1). A
+prepared TFDS dataset instead, its source and target features named:
+
+  python -m bertjax.main --config=configs/finetune/seq2seq.py --workdir=/tmp/gigaword \
+      --config.init_checkpoint=/tmp/minilm --config.task.tfds_name=gigaword \
+      --config.task.text_columns=document --config.task.label_column=summary
+
 Predictions go to WORKDIR/predictions/<set>.jsonl. Generate afterwards with
 `python -m bertjax.predict generate --checkpoint=/tmp/paraphrase --text="..."` (or
 `--input=test.tsv --text_columns=source --output=predictions.jsonl`).
