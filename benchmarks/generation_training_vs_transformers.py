@@ -35,9 +35,9 @@ from bertjax.convert import convert  # noqa: E402
 from bertjax.data.tokenizers import load_tokenizer  # noqa: E402
 from bertjax.tasks import base as tasks  # noqa: E402
 from bertjax.tasks.seq2seq import score  # noqa: E402
-from bertjax.training import finetune, finetune_config, metrics  # noqa: E402
+from bertjax.training import finetune, finetune_config  # noqa: E402
 from finetune_helpers import tiny_config, write_tsv  # noqa: E402
-from profile_step import cpu_model  # noqa: E402
+from profile_step import machine_line  # noqa: E402
 from task_data import MINILM_DIR  # noqa: E402
 
 
@@ -147,9 +147,7 @@ def main() -> None:
     import transformers as hf
     hf.logging.set_verbosity_error()
     print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-          f"measured f32 matmul peak "
-          f"{metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9:.1f} GFLOP/s")
+    print(machine_line())
 
     os.makedirs(args.out, exist_ok=True)
     data = real_data.hkcancor_jyutping()

@@ -31,8 +31,7 @@ import transformers  # noqa: E402
 from bertjax import convert  # noqa: E402
 from bertjax.models import decoding  # noqa: E402
 from bertjax.models.seq2seq import Bert2Bert  # noqa: E402
-from bertjax.training import metrics  # noqa: E402
-from profile_step import cpu_model  # noqa: E402
+from profile_step import machine_line  # noqa: E402
 from task_data import austen_paragraphs  # noqa: E402
 
 NEVER = 1  # [unused0]: an end token the model never produces
@@ -62,9 +61,7 @@ def main() -> None:
     texts = [s for p in austen_paragraphs() for s in p.split(". ") if 40 < len(s) < 160]
 
     print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-          f"measured f32 matmul peak "
-          f"{metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9:.1f} GFLOP/s")
+    print(machine_line())
     print("| batch | beams | bertjax tokens/s | transformers tokens/s | bertjax compile s |")
     print("|---|---|---|---|---|")
     for batch in map(int, args.batches.split(",")):

@@ -33,9 +33,9 @@ import sacrebleu
 
 import real_data
 from bertjax.convert import convert
-from bertjax.training import finetune, metrics
+from bertjax.training import finetune
 from finetune_helpers import tiny_config, write_tsv
-from profile_step import cpu_model
+from profile_step import machine_line
 from task_data import MINILM_DIR
 
 
@@ -67,9 +67,7 @@ def main() -> None:
     parser.add_argument("--learning_rate", type=float, default=3e-4)
     args = parser.parse_args()
     print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-          f"measured f32 matmul peak "
-          f"{metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9:.1f} GFLOP/s")
+    print(machine_line())
 
     os.makedirs(args.out, exist_ok=True)
     data = real_data.hkcancor_jyutping()

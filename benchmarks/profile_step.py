@@ -219,6 +219,14 @@ def cpu_model() -> str:
     return f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores"
 
 
+def machine_line() -> str:
+    """Where a figure was measured: the CPU, the load, and the f32 matmul peak measured now
+    (figures compare only within one run)."""
+    peak = metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9
+    return (f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
+            f"measured f32 matmul peak {peak:.1f} GFLOP/s")
+
+
 def print_table(results: dict, flops: dict, peak: float) -> None:
     families = [f for f, _ in FAMILIES]
     print("\n| op family | " + " | ".join(f"{k} ms/step" for k in results) + " | "
