@@ -105,7 +105,7 @@ def start_command(env: dict[str, str], command: list[str], log_dir: str) -> str:
     # One line, so a dry run prints the whole command on one line.
     script = "; ".join([
         f'R="{_RUN_DIR}"',
-        f"W=$(curl -sf -m 10 -H Metadata-Flavor:Google {_METADATA} || hostname)",
+        f"W=$(curl -sf -m 10 -H Metadata-Flavor:Google {_METADATA}); W=${{W:-$(hostname)}}",
         'echo "$W" > "$R/worker_id"',
         f'save_log() {{ {copy_command("$R/worker.log", destination)}; }}',
         f"( while sleep {_LOG_COPY_SECONDS}; do save_log; done ) & saver=$!",

@@ -56,12 +56,18 @@ def install(home: Path) -> None:
 
 
 def fake_bin() -> Path:
-    """`curl` answering the metadata server's agent-worker-number, as on a TPU VM."""
+    """`curl` answering the metadata server's agent-worker-number, as on a TPU VM. Written
+    once, by rename: a run started on worker 0 may be running it while the same ssh call
+    starts worker 1, and a half-rewritten script answers nothing (the worker then had no
+    number, its status line did not parse, and its log went to `worker-.log`)."""
     directory = HERE / "bin"
-    directory.mkdir(exist_ok=True)
     curl = directory / "curl"
-    curl.write_text('#!/bin/bash\necho "$FAKE_WORKER_ID"\n')
-    curl.chmod(0o755)
+    if not curl.exists():
+        directory.mkdir(exist_ok=True)
+        partial = directory / f"curl.{os.getpid()}"
+        partial.write_text('#!/bin/bash\necho "$FAKE_WORKER_ID"\n')
+        partial.chmod(0o755)
+        os.replace(partial, curl)
     return directory
 
 
