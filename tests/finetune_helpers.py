@@ -97,3 +97,26 @@ def tiny_config(init_checkpoint: str, **task):
             value = tuple(v for v in value.split(",") if v)  # files or columns, as a tuple
         config.task[key] = value
     return config
+
+
+def vocabulary_cut_to(model_dir: str, directory: str, texts) -> str:
+    """`model_dir` with its WordPiece vocabulary cut to the special tokens and the pieces of
+    `texts` (word embeddings, and any other per-piece parameter, row for row): the same
+    tokenization of those texts, and an output layer a few hundred pieces wide instead of
+    30,522, which is most of a small seq2seq model's step. WordPiece takes the longest piece
+    in the vocabulary; every piece it took for these texts stays, and no longer one appears."""
+    from bertjax.data.tokenizers import SPECIAL_TOKENS, load_tokenizer
+    config, params = checkpoints.load_model(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    used = {i for ids in tokenizer.encode_batch(list(texts)) for i in ids}
+    kept = [tokenizer.token_to_id(t) for t in SPECIAL_TOKENS] + sorted(
+        used - {tokenizer.token_to_id(t) for t in SPECIAL_TOKENS})
+    scratch = tempfile.mkdtemp()
+    with open(os.path.join(scratch, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.writelines(tokenizer.id_to_token(i) + "\n" for i in kept)
+    rows = np.asarray(kept)
+    params = jax.tree.map(lambda x: np.asarray(x)[rows] if np.ndim(x) and
+                          np.shape(x)[0] == config.vocab_size else np.asarray(x), params)
+    cut = BertConfig.from_dict(config.to_dict(), vocab_size=len(kept))
+    checkpoints.save_model(directory, params, cut, load_tokenizer(scratch))
+    return directory
