@@ -1,4 +1,5 @@
-"""Sequences per second of one full pretraining step: bertjax vs Hugging Face Flax vs PyTorch.
+"""Sequences per second of one full pretraining step: bertjax vs KerasHub (JAX) vs Hugging
+Face Flax vs PyTorch.
 
   PYTHONPATH=. python benchmarks/train_step.py            # mini: L4/H256/A4, B32, S128, P20
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
@@ -13,6 +14,16 @@ every timed step is waited for (block_until_ready / the loss fetched), and each 
 best of several repeats taken in turns, because the machine may be shared. MFU counts the
 model's necessary matmul FLOPs (bertjax's, the same for all three) against the best f32
 matmul FLOP/s measured on this machine in the same run.
+
+KerasHub's `BertMaskedLM` on Keras 3's JAX backend is the maintained JAX peer a user would try
+first. It also projects only the masked positions, but it has no next-sentence head or pooler
+(a little less work than the others). It is an optional dependency of this script alone,
+installed without its dependencies (keras-hub requires tensorflow-text, which would replace
+bertjax's TensorFlow; the model classes used here do not need it):
+
+  .venv/bin/python -m pip install --no-deps keras==3.15.1 keras-hub==0.32.0 namex optree
+
+or leave it out with `--only=bertjax,hf_flax,torch`.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("KERAS_BACKEND", "jax")  # read when keras is first imported
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -174,6 +186,38 @@ def torch_step(config, inputs):
     return step
 
 
+def keras_hub_step(config, inputs):
+    try:
+        import keras
+        import keras_hub
+    except ImportError as e:
+        raise SystemExit(f"KerasHub is not installed ({e}): see this script's docstring for "
+                         "the install command, or pass --only=bertjax,hf_flax,torch") from None
+    if keras.backend.backend() != "jax":
+        raise SystemExit(f"KERAS_BACKEND={keras.backend.backend()}: this comparison is on JAX")
+    keras.utils.set_random_seed(0)
+    backbone = keras_hub.models.BertBackbone(
+        vocabulary_size=config.vocab_size, num_layers=config.num_hidden_layers,
+        num_heads=config.num_attention_heads, hidden_dim=config.hidden_size,
+        intermediate_dim=config.intermediate_size, dropout=DROPOUT,
+        max_sequence_length=config.max_position_embeddings)
+    model = keras_hub.models.BertMaskedLM(backbone, preprocessor=None)
+    optimizer = keras.optimizers.AdamW(learning_rate=LR, weight_decay=WEIGHT_DECAY, beta_1=0.9,
+                                       beta_2=0.999, epsilon=1e-6, global_clipnorm=CLIP)
+    optimizer.exclude_from_weight_decay(var_names=["bias", "gamma", "beta"])
+    model.compile(optimizer=optimizer,
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=True)
+    x = {"token_ids": inputs["input_ids"], "segment_ids": inputs["segment_ids"],
+         "padding_mask": inputs["input_mask"].astype(bool),
+         "mask_positions": inputs["masked_lm_positions"]}
+
+    def step():  # train_on_batch returns the loss as a Python float: the step is done
+        model.train_on_batch(x, inputs["masked_lm_ids"],
+                             sample_weight=inputs["masked_lm_weights"])
+    return step
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--size", default="mini")
@@ -184,10 +228,11 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--only", default="bertjax,hf_flax,torch")
+    parser.add_argument("--only", default="bertjax,keras_hub,hf_flax,torch")
     # bertjax once per dropout generator named (model.dropout_rng), in turns with the rest.
     parser.add_argument("--dropout_rngs", default="threefry")
     args = parser.parse_args()
+    from profile_step import cpu_model  # imports this file: not at the top
 
     config = presets.preset(args.size, vocab_size=args.vocab)
     inputs = make_inputs(args.batch, args.seq_len, args.predictions, args.vocab)
@@ -196,12 +241,14 @@ def main() -> None:
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
-          f"seq {args.seq_len}, predictions {args.predictions}; devices: "
-          f"{jax.devices()[0].device_kind} x1, {os.cpu_count()} CPUs")
+          f"seq {args.seq_len}, predictions {args.predictions}; one {jax.devices()[0].platform} "
+          f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
     print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s; model FLOPs per sequence "
           f"(train, gathered MLM): {flops / 1e9:.2f} GFLOP")
-    builders = {"bertjax": bertjax_step, "hf_flax": hf_flax_step, "torch": torch_step}
-    names = {"bertjax": "bertjax", "hf_flax": "HF FlaxBertForPreTraining",
+    builders = {"bertjax": bertjax_step, "keras_hub": keras_hub_step, "hf_flax": hf_flax_step,
+                "torch": torch_step}
+    names = {"bertjax": "bertjax", "keras_hub": "KerasHub BertMaskedLM (JAX, no NSP)",
+             "hf_flax": "HF FlaxBertForPreTraining",
              "torch": "HF BertForPreTraining (PyTorch)"}
     steps = {}
     for key in args.only.split(","):
@@ -215,7 +262,7 @@ def main() -> None:
     seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
     rates = {key: args.batch / s for key, s in seconds.items()}
     for key, rate in rates.items():
-        print(f"{names[key]:34s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
+        print(f"{names[key]:36s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
               f"MFU {100 * rate * flops / peak:5.1f}%)")
     if "bertjax" in rates:
         for key in rates:
