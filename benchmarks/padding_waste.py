@@ -5,6 +5,7 @@ with --steps, the training speed of each in examples per second.
   PYTHONPATH=.:tests python benchmarks/padding_waste.py
   PYTHONPATH=.:tests python benchmarks/padding_waste.py --max_seq_length=256 --batch=32
   PYTHONPATH=.:tests python benchmarks/padding_waste.py --steps=4 --size=mini
+  PYTHONPATH=.:tests python benchmarks/padding_waste.py --eval_rows=1024 --size=mini
 
 The data are the fine-tuning benchmark's short-text sets (tests/real_data.py): the 10,605
 VADER movie-review snippets (single sentences) and 2,000 Austen sentence pairs, tokenized
@@ -17,6 +18,11 @@ the encoder's work that is not padding.
 with the MiniLM vocabulary, dropout 0.1, the default optimizer, one device) on the first
 --steps batches of each kind, in turns, best of --repeats, after running every batch shape
 once (compilation): examples trained per second, padded vs bucketed vs packed.
+
+--eval_rows times evaluation as fine-tuning runs it (`trainer.batched_outputs`, batches of
+--eval_batch, the same model's forward) on the first --eval_rows VADER snippets, padded vs
+bucketed (rows sorted by length, each batch cut to its bucket), best of --repeats after a
+first pass that compiles: examples evaluated per second.
 """
 
 from __future__ import annotations
@@ -35,13 +41,14 @@ from bertjax.tasks.classify import TextExample, classification_features
 from bertjax.models import presets
 from bertjax.models.heads import BertForSequenceClassification, init_params
 from bertjax.tasks import base as tasks
-from bertjax.tasks.features import PACKING_INPUTS, pack_rows
+from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import finetune, finetune_config, metrics, trainer
+from profile_step import cpu_model  # benchmarks/
 from task_data import wordpiece
 
 
 def cpu_line() -> str:
-    return f"{jax.devices()[0].device_kind} x1, {os.cpu_count()} CPUs, load average " \
+    return f"one {jax.devices()[0].platform} device of {cpu_model()}, load average " \
            f"{os.getloadavg()[0]:.2f}"
 
 
@@ -49,7 +56,7 @@ def shares(mask: np.ndarray, batch: int, buckets: tuple[int, ...], per_row: int)
     real = int(mask.sum())
     order = finetune.epoch_order(len(mask), 0, 0)
     batches = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
-    bucketed = sum(len(rows) * finetune.bucket_length(mask[rows], buckets) for rows in batches)
+    bucketed = sum(len(rows) * bucket_length(mask[rows], buckets) for rows in batches)
     kept = sum(int(mask[rows].sum()) for rows in batches)
     packed = pack_rows({"input_mask": mask, "input_ids": mask, "segment_ids": mask}, (),
                        per_row)["input_mask"]
@@ -95,6 +102,29 @@ def training_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, fl
     return {name: kinds[name][1] / best[name] for name in kinds}
 
 
+def evaluation_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, float]:
+    """Examples per second of evaluating the first `args.eval_rows` rows, padded and
+    bucketed."""
+    model = BertForSequenceClassification(presets.preset(args.size, vocab_size=30522), 1)
+    params = nn.unbox(init_params(model, jax.random.PRNGKey(0)))
+    step = jax.jit(lambda p, batch: model.apply({"params": p}, *(batch[k] for k in tasks.INPUTS)))
+    rows = {k: v[:args.eval_rows] for k, v in arrays.items()}
+    cuts = {"padded": (), "bucketed": buckets}
+
+    def evaluate(cut):
+        return trainer.batched_outputs(step, params, rows, tasks.INPUTS, args.eval_batch,
+                                       bucket_lengths=cut)
+    for cut in cuts.values():  # compile every shape
+        evaluate(cut)
+    best = {name: float("inf") for name in cuts}
+    for _ in range(args.repeats):
+        for name, cut in cuts.items():
+            start = time.perf_counter()
+            evaluate(cut)
+            best[name] = min(best[name], time.perf_counter() - start)
+    return {name: len(rows["input_ids"]) / best[name] for name in cuts}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--max_seq_length", type=int, default=128)
@@ -102,6 +132,8 @@ def main() -> None:
     parser.add_argument("--buckets", default="16,32,48,64,96")
     parser.add_argument("--examples_per_row", type=int, default=16)
     parser.add_argument("--steps", type=int, default=0)
+    parser.add_argument("--eval_rows", type=int, default=0)
+    parser.add_argument("--eval_batch", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--size", default="mini")
     args = parser.parse_args()
@@ -131,6 +163,14 @@ def main() -> None:
         print(f"\ntraining speed, VADER, {args.size}, {args.steps} steps of batch {args.batch} "
               f"rows; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
         rates = training_speed(vader, args, buckets)
+        for name, rate in rates.items():
+            print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
+        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+    if args.eval_rows:
+        peak = metrics.measure_matmul_flops(size=2048, repeats=5)
+        print(f"\nevaluation speed, VADER, {args.size}, {args.eval_rows} rows in batches of "
+              f"{args.eval_batch}; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+        rates = evaluation_speed(vader, args, buckets)
         for name, rate in rates.items():
             print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
         print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")

@@ -14,8 +14,8 @@ import pytest
 from bertjax.models.heads import BertForSequenceClassification
 from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
-from bertjax.tasks.features import PACKING_INPUTS, pack_rows
-from bertjax.training import finetune
+from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
+from bertjax.training import finetune, trainer
 from finetune_helpers import TINY, classification_files, sentences, tiny_config, tiny_model_dir
 from task_data import wordpiece
 
@@ -34,12 +34,44 @@ def features():
 def test_a_batch_is_cut_to_the_shortest_bucket_that_holds_its_longest_example(features):
     longest = int(features["input_mask"].sum(1).max())
     assert longest < 32
-    assert finetune.bucket_length(features["input_mask"], (8, 32, 48)) == 32
-    assert finetune.bucket_length(features["input_mask"], (8, longest)) == longest
-    assert finetune.bucket_length(features["input_mask"], (8,)) == 64  # none holds it
-    cut = finetune.trim(features, 32, 64)
+    assert bucket_length(features["input_mask"], (8, 32, 48)) == 32
+    assert bucket_length(features["input_mask"], (8, longest)) == longest
+    assert bucket_length(features["input_mask"], (8,)) == 64  # none holds it
+    cut = trim(features, 32, 64)
     assert cut["input_ids"].shape == (12, 32) and cut["label"].shape == (12,)
     np.testing.assert_array_equal(cut["input_mask"].sum(1), features["input_mask"].sum(1))
+
+
+def test_bucketed_evaluation_gives_every_row_its_padded_outputs_in_order(features):
+    """Evaluation batches go shortest first, cut to their bucket; positional outputs come back
+    padded to the full length and every output in the rows' own order."""
+    model, params = _model_and_params(features)
+    calls = []
+
+    @jax.jit
+    def step(params, batch):
+        sequence_BLD, _ = model.apply({"params": params}, *(batch[k] for k in tasks.INPUTS),
+                                      method=lambda m, *a: m.bert(*a, deterministic=True))
+        return {"per_position": sequence_BLD[..., 0] * batch["input_mask"],
+                "per_row": model.apply({"params": params}, *(batch[k] for k in tasks.INPUTS)),
+                "ten_wide": jnp.zeros((batch["input_ids"].shape[0], 10))}
+
+    def counted(params, batch):
+        calls.append(batch["input_ids"].shape)
+        return step(params, batch)
+
+    padded = trainer.batched_outputs(step, params, features, tasks.INPUTS, 5)
+    bucketed = trainer.batched_outputs(counted, params, features, tasks.INPUTS, 5, dict,
+                                       (10, 16, 32))
+    for key in padded:
+        assert bucketed[key].shape == padded[key].shape, key
+        np.testing.assert_allclose(bucketed[key], padded[key], rtol=1e-5, atol=1e-5)
+    # 12 rows, 3 batches of 5 (the last padded with a repeated row), each cut to its bucket;
+    # the first to 10, and the ten-wide output was not taken for positions.
+    lengths = np.sort(features["input_mask"].sum(1))
+    cut_to = [bucket_length(np.ones((1, n)), (10, 16, 32)) for n in lengths[[4, 9, 11]]]
+    assert cut_to[0] == 10
+    assert [shape[1] for shape in calls if shape[1] != 64] == cut_to
 
 
 def _model_and_params(features):
@@ -57,7 +89,7 @@ def test_bucketed_batch_gives_the_padded_batch_per_example_losses(features):
         logits_BC = model.apply({"params": params}, *(batch[k] for k in tasks.INPUTS))
         return optax.softmax_cross_entropy_with_integer_labels(logits_BC, batch["label"])
 
-    cut = finetune.trim(features, finetune.bucket_length(features["input_mask"], (32, 48)), 64)
+    cut = trim(features, bucket_length(features["input_mask"], (32, 48)), 64)
     assert cut["input_ids"].shape[1] == 32
     np.testing.assert_allclose(per_example(params, cut), per_example(params, features),
                                rtol=1e-5, atol=1e-6)

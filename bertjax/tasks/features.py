@@ -275,3 +275,17 @@ def pack_rows(arrays: dict[str, np.ndarray], targets: Sequence[str],
                 out[key][r, slot] = arrays[key][i]
             start += n
     return out
+
+
+def bucket_length(input_mask_NL: np.ndarray, bucket_lengths: Sequence[int]) -> int:
+    """The shortest of `bucket_lengths` (ascending) that holds every real token of the rows;
+    the rows' full length when none does."""
+    real_L = input_mask_NL.any(axis=0)
+    longest = int(np.flatnonzero(real_L)[-1]) + 1 if real_L.any() else 1
+    return next((b for b in bucket_lengths if b >= longest), input_mask_NL.shape[1])
+
+
+def trim(batch: dict[str, np.ndarray], length: int, full_length: int) -> dict[str, np.ndarray]:
+    """The batch's per-position arrays (axis 1 of size `full_length`) cut to `length`."""
+    return {k: v[:, :length] if v.ndim > 1 and v.shape[1] == full_length else v
+            for k, v in batch.items()}

@@ -32,7 +32,7 @@ from bertjax.data.tokenizers import load_tokenizer
 from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import init_params
 from bertjax.tasks import base as tasks
-from bertjax.tasks.features import PACKING_INPUTS, pack_rows
+from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 from bertjax.training.pretrain import compute_dtype
@@ -118,20 +118,6 @@ def objective(model, task: tasks.Task) -> Objective:
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch]).permutation(num_examples)
-
-
-def bucket_length(input_mask_NL: np.ndarray, bucket_lengths: Sequence[int]) -> int:
-    """The shortest of `bucket_lengths` (ascending) that holds every real token of the rows;
-    the rows' full length when none does."""
-    real_L = input_mask_NL.any(axis=0)
-    longest = int(np.flatnonzero(real_L)[-1]) + 1 if real_L.any() else 1
-    return next((b for b in bucket_lengths if b >= longest), input_mask_NL.shape[1])
-
-
-def trim(batch: dict[str, np.ndarray], length: int, full_length: int) -> dict[str, np.ndarray]:
-    """The batch's per-position arrays (axis 1 of size `full_length`) cut to `length`."""
-    return {k: v[:, :length] if v.ndim > 1 and v.shape[1] == full_length else v
-            for k, v in batch.items()}
 
 
 def training_batches(arrays: dict, keys: Sequence[str], batch_size: int, per_epoch: int,
@@ -241,7 +227,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
         for taskset in sets:
             outputs = batched_outputs(trainer.eval_step, trainer.state.params,
                                       taskset.features.arrays, tasks.INPUTS,
-                                      train_cfg.eval_batch_size, trainer.place_rows)
+                                      train_cfg.eval_batch_size, trainer.place_rows,
+                                      train_cfg.bucket_lengths)
             metrics, records = task.evaluate(taskset, outputs, data.labels)
             if taskset.labelled:
                 log.eval_record(at, metrics, prefix=f"eval_{taskset.name}_",

@@ -134,10 +134,11 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.global_batch_size = 32
     config.train.num_epochs = 3.0
     config.train.eval_batch_size = 64  # global; evaluation pads its last batch
-    # Ascending row lengths (<= task.max_seq_length) a training batch may be cut to: each
-    # batch keeps the shortest that holds its longest example, so short texts cost what
-    # they need and XLA compiles one step per length used. (): every batch at
-    # task.max_seq_length, as the original.
+    # Ascending row lengths (<= task.max_seq_length) a batch may be cut to: each training
+    # batch keeps the shortest that holds its longest example, and evaluation batches do
+    # the same after sorting the rows by length, so short texts cost what they need and XLA
+    # compiles one step per length used. (): every batch at task.max_seq_length, as the
+    # original.
     config.train.bucket_lengths = ()
     # Up to this many training examples per row, each attending only to itself (positions
     # restart, one pooled [CLS] each), so short texts fill the rows; global_batch_size then

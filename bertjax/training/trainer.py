@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from bertjax import files
+from bertjax.tasks.features import bucket_length, trim
 from bertjax.training import checkpoints, integrity, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 
@@ -308,15 +309,51 @@ class Trainer:
         return step, preempted
 
 
+def _padded_to(x: np.ndarray, shape: tuple, missing: int) -> np.ndarray:
+    """An output of a cut batch at the full batch's `shape`: its positions axis (axis 1)
+    padded by `missing` zeros."""
+    if x.shape == shape:
+        return x
+    padded = np.pad(x, [(0, 0), (0, missing)] + [(0, 0)] * (x.ndim - 2))
+    if padded.shape != shape:
+        raise ValueError(f"an output of shape {x.shape} from a batch cut by {missing} positions "
+                         f"is not {shape} once padded: its positions are not axis 1")
+    return padded
+
+
 def batched_outputs(step_fn: Callable, params, arrays: dict[str, np.ndarray],
-                    keys: Sequence[str], batch_size: int, place: Callable = dict) -> Any:
+                    keys: Sequence[str], batch_size: int, place: Callable = dict,
+                    bucket_lengths: Sequence[int] = ()) -> Any:
     """`step_fn(params, batch)` for every row of `arrays`, in batches of `batch_size` (the
-    last one padded with row 0, its outputs cut off again), fetched to the host.
-    `place(batch)` turns a batch of numpy rows into the step's input."""
-    n = len(arrays[keys[0]])
-    rows = np.concatenate([np.arange(n), np.zeros(-n % batch_size, np.int64)])
+    last one padded with a repeated row, its outputs cut off again), fetched to the host.
+    `place(batch)` turns a batch of numpy rows into the step's input.
+
+    With `bucket_lengths`, rows are batched shortest first and each batch is cut to the
+    shortest bucket that holds it (features.bucket_length), as training batches are; outputs
+    that run along the positions are padded back to the full length with zeros, and every
+    output comes back in the rows' own order.
+    """
+    n, full = len(arrays[keys[0]]), arrays[keys[0]].shape[1]
+    if bucket_lengths:
+        order = np.argsort(arrays["input_mask"].sum(1), kind="stable")
+        rows = np.concatenate([order, np.full(-n % batch_size, order[-1])])
+    else:
+        order = None
+        rows = np.concatenate([np.arange(n), np.zeros(-n % batch_size, np.int64)])
+    full_shapes = None
     outputs = []
     for start in range(0, len(rows), batch_size):
-        batch = place({k: arrays[k][rows[start:start + batch_size]] for k in keys})
-        outputs.append(jax.device_get(step_fn(params, batch)))
-    return jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
+        batch = {k: arrays[k][rows[start:start + batch_size]] for k in keys}
+        length = bucket_length(batch["input_mask"], bucket_lengths) if bucket_lengths else full
+        if length == full:
+            outputs.append(jax.device_get(step_fn(params, place(batch))))
+            continue
+        if full_shapes is None:  # which outputs have a positions axis: those that change
+            full_shapes = jax.eval_shape(step_fn, params, place(batch))
+        out = jax.device_get(step_fn(params, place(trim(batch, length, full))))
+        outputs.append(jax.tree.map(lambda x, s: _padded_to(x, s.shape, full - length),
+                                    out, full_shapes))
+    outputs = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
+    if order is None:
+        return outputs
+    return jax.tree.map(lambda x: x[np.argsort(order)], outputs)
