@@ -16,6 +16,7 @@ from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
 from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import finetune, trainer
+from bertjax.training.inference import TaskPredictor
 from finetune_helpers import TINY, classification_files, sentences, tiny_config, tiny_model_dir
 from task_data import wordpiece
 
@@ -162,6 +163,33 @@ def test_bucketed_run_trains_to_the_padded_run_parameters_and_packed_runs_train(
     # evaluated example by example as before.
     assert runs["packed"]["step"] < runs["padded"]["step"] == 4
     assert len((tmp_path / "packed/predictions/dev.jsonl").read_text().splitlines()) == 20
+
+
+def test_prediction_cuts_its_batches_and_predicts_what_padded_batches_predict(tmp_path):
+    """`predict` sorts its rows by length and cuts each batch to a bucket below the model's
+    max_seq_length; every word gets the tag it gets from fully padded batches."""
+    texts = sentences(60)
+    conll = tmp_path / "train.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {'CAP' if w[0].isupper() else 'LOW'}"
+                                           for w in t.split()) for t in texts) + "\n")
+    config = tiny_config(tiny_model_dir(str(tmp_path / "model")), type="tagging",
+                         train_file=str(conll))
+    config.task.max_seq_length = 64
+    config.train.num_epochs = 1.0
+    finetune.finetune(config, str(tmp_path / "run"), jax.devices()[:1])
+
+    padded = TaskPredictor(str(tmp_path / "run"), bucket_lengths=())
+    bucketed = TaskPredictor(str(tmp_path / "run"))
+    lengths, apply = [], bucketed._apply
+
+    def counted(params, batch):
+        if not isinstance(batch["input_ids"], jax.core.Tracer):  # not the output-shape probe
+            lengths.append(batch["input_ids"].shape[1])
+        return apply(params, batch)
+    bucketed._apply = counted
+    examples = padded.examples_from_file(str(conll))
+    assert bucketed.predict(examples) == padded.predict(examples)
+    assert 16 in lengths and max(lengths) < 64, lengths
 
 
 def test_bucket_lengths_are_checked(tmp_path):

@@ -65,12 +65,20 @@ def fill_mask(model: str, texts: list[str], top_k: int) -> list[list[list[tuple[
     return results
 
 
+# Prediction cuts its batches to these lengths (below the model's max_seq_length), rows
+# sorted by length first, for every task whose batches may be cut: a file of short texts
+# costs what its texts need, in a few compiled shapes. The outputs are the padded ones.
+PREDICTION_BUCKETS = (16, 32, 64, 128, 256)
+
+
 class TaskPredictor:
     """A fine-tuned model directory (or the workdir that exported it) and its task."""
 
-    def __init__(self, model: str, batch_size: int = 32, command: str | None = None):
+    def __init__(self, model: str, batch_size: int = 32, command: str | None = None,
+                 bucket_lengths: Sequence[int] = PREDICTION_BUCKETS):
         """`command`: the predict command asked for; a model of another task is refused
-        before its parameters are read."""
+        before its parameters are read. `bucket_lengths`: () pads every batch to the task's
+        max_seq_length."""
         source = checkpoints.open_model(model)
         if source.model_dir is None:
             raise ValueError(f"{model} is a pretraining run, not a fine-tuned model")
@@ -83,12 +91,15 @@ class TaskPredictor:
         self.tokenizer = load_tokenizer(source.tokenizer_dir)
         self._apply = jax.jit(lambda p, batch: self.task.infer(module, p, batch))
         self.batch_size = batch_size
+        self.bucket_lengths = () if self.task.no_bucketing_because else tuple(bucket_lengths)
 
     def predict(self, examples: Sequence) -> list[dict]:
         """One record per example (of the task's example type)."""
         features = self.task.featurize(list(examples), self.tokenizer, self.labels)
+        length = features.arrays["input_ids"].shape[1]
         outputs = batched_outputs(self._apply, self.params, features.arrays, tasks.INPUTS,
-                                  self.batch_size)
+                                  self.batch_size,
+                                  bucket_lengths=[b for b in self.bucket_lengths if b < length])
         taskset = tasks.TaskSet("predict", list(examples), features, labelled=False)
         return self.task.evaluate(taskset, outputs, self.labels)[1]
 
