@@ -158,19 +158,15 @@ def main() -> None:
               f"({s['packed rows']:,}) |")
         if name.startswith("VADER"):
             vader = features.arrays
-    if args.steps:
-        peak = metrics.measure_matmul_flops(size=2048, repeats=5)
-        print(f"\ntraining speed, VADER, {args.size}, {args.steps} steps of batch {args.batch} "
-              f"rows; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
-        rates = training_speed(vader, args, buckets)
-        for name, rate in rates.items():
-            print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
-        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+    measured = [(f"training speed, VADER, {args.size}, {args.steps} steps of batch "
+                 f"{args.batch} rows", training_speed)] if args.steps else []
     if args.eval_rows:
+        measured.append((f"evaluation speed, VADER, {args.size}, {args.eval_rows} rows in "
+                         f"batches of {args.eval_batch}", evaluation_speed))
+    for heading, speed in measured:
         peak = metrics.measure_matmul_flops(size=2048, repeats=5)
-        print(f"\nevaluation speed, VADER, {args.size}, {args.eval_rows} rows in batches of "
-              f"{args.eval_batch}; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
-        rates = evaluation_speed(vader, args, buckets)
+        print(f"\n{heading}; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
+        rates = speed(vader, args, buckets)
         for name, rate in rates.items():
             print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
         print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
