@@ -107,6 +107,22 @@ def _hkcancor_files() -> list[tuple[int, str]]:
         return [(k, z.read(name).decode("utf-8")) for k, name in enumerate(names)]
 
 
+def _mor_utterances(text: str):
+    """(words, %mor entries) of each utterance of a CHAT transcript whose %mor tier has one
+    entry per word. An entry is POS|jyutping, or the word itself for punctuation."""
+    records = []  # tier lines with their continuation lines joined
+    for line in text.splitlines():
+        if line.startswith(("*", "%", "@")):
+            records.append(line)
+        elif line.startswith("\t") and records:
+            records[-1] += " " + line.strip()
+    for said, tier in zip(records, records[1:]):
+        if said.startswith("*") and tier.startswith("%mor:"):
+            words, entries = said.split("\t", 1)[1].split(), tier.split("\t", 1)[1].split()
+            if len(words) == len(entries):
+                yield words, entries
+
+
 def hkcancor_jyutping(max_characters: int = 8) -> dict[str, list[tuple[str, str]]]:
     """{'train': [...], 'test': [...]}: (Cantonese characters, their Jyutping syllables) of
     each utterance of at most MAX_CHARACTERS characters, as HKCanCor's annotators transcribed
@@ -115,26 +131,30 @@ def hkcancor_jyutping(max_characters: int = 8) -> dict[str, list[tuple[str, str]
     hkcancor()'s: every tenth transcript is test."""
     splits = {"train": [], "test": []}
     for k, text in _hkcancor_files():
-        records = []  # tier lines with their continuation lines joined
-        for line in text.splitlines():
-            if line.startswith(("*", "%", "@")):
-                records.append(line)
-            elif line.startswith("\t") and records:
-                records[-1] += " " + line.strip()
-        for said, tier in zip(records, records[1:]):
-            if not (said.startswith("*") and tier.startswith("%mor:")):
-                continue
-            words, tags = said.split("\t", 1)[1].split(), tier.split("\t", 1)[1].split()
-            if len(words) != len(tags):
-                continue
-            # A tag equal to its word is punctuation; any other is POS|jyutping.
-            pairs = [(w, t.split("|", 1)[-1]) for w, t in zip(words, tags) if t != w]
+        for words, entries in _mor_utterances(text):
+            pairs = [(w, t.split("|", 1)[-1]) for w, t in zip(words, entries) if t != w]
             if not pairs or not all(re.fullmatch(r"([a-z]+[1-6])+", j) for _, j in pairs):
                 continue
             source = "".join(w for w, _ in pairs)
             if 2 <= len(source) <= max_characters:
                 target = " ".join(" ".join(re.findall(r"[a-z]+[1-6]", j)) for _, j in pairs)
                 splits["test" if k % 10 == 9 else "train"].append((source, target))
+    return splits
+
+
+PUNCTUATION_TAG = "w"  # HKCanCor's %mor repeats a punctuation mark; the PKU tag set says w
+
+
+def hkcancor_pos() -> dict[str, list[tuple[list[str], list[str]]]]:
+    """{'train': [...], 'test': [...]}: (words, part-of-speech tags) of every utterance whose
+    %mor tier tags each word, with HKCanCor's own tag set (about 50 tags after the PKU
+    scheme: n noun, v verb, y sentence particle, ...). The split is hkcancor()'s."""
+    splits = {"train": [], "test": []}
+    for k, text in _hkcancor_files():
+        for words, entries in _mor_utterances(text):
+            tags = [PUNCTUATION_TAG if e == w else e.split("|", 1)[0]
+                    for w, e in zip(words, entries)]
+            splits["test" if k % 10 == 9 else "train"].append((words, tags))
     return splits
 
 

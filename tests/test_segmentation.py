@@ -1,8 +1,10 @@
 """Chinese word segmentation inputs and scores: segmented text read as characters with BMES
 tags, bad lines counted or rejected with file:line, CoNLL character files detected, and the
 word-level metric (with OOV recall) on hand-checked cases."""
+import itertools
 import logging
 
+import numpy as np
 import pytest
 
 from bertjax.tasks import metrics
@@ -62,3 +64,24 @@ def test_word_scores_count_exact_spans_and_unknown_words():
     assert scores["oov_words"] == 1 and scores["oov_recall"] == 0.0  # 欢迎 was missed
     # The decoder is lenient, as the metric must be for any predicted sequence.
     assert tag_schemes.word_spans(["M", "M", "S", "E", "B"]) == [(0, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_decoding_finds_the_most_probable_well_formed_segmentation():
+    """Viterbi over B/M/E/S agrees with trying every tag sequence that spells whole words, and
+    never returns what a per-character argmax can (B B, M S, ending on B)."""
+    from bertjax.tasks.tag_schemes import best_segmentation, segmentation_tags, word_spans
+
+    labels = ["B", "E", "M", "S"]
+    rng = np.random.default_rng(0)
+
+    def well_formed(tags):
+        return tags == segmentation_tags(b - a for a, b in word_spans(tags))
+
+    for n in range(1, 6):
+        for _ in range(20):
+            log_probs = np.log(rng.dirichlet(np.ones(4), size=n)).astype(np.float32)
+            best = max((t for t in itertools.product(labels, repeat=n) if well_formed(list(t))),
+                       key=lambda t: sum(log_probs[i, labels.index(x)] for i, x in enumerate(t)))
+            assert best_segmentation(log_probs, labels) == list(best)
+    argmax_says_b_b = np.log(np.array([[.6, .1, .1, .2], [.5, .4, .05, .05]], np.float32))
+    assert best_segmentation(argmax_says_b_b, labels) == ["B", "E"]

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
+import numpy as np
+
 KINDS = ("entity", "plain", "segmentation")
 SCHEMES = ("BIO", "BIOES")
 SEGMENTATION_SCHEMES = {"BMES": frozenset("BMES"), "BIES": frozenset("BIES")}
@@ -130,3 +132,41 @@ def segmentation_tags(lengths: Iterable[int], scheme: str = "BMES") -> list[str]
     for n in lengths:
         tags += ["S"] if n == 1 else ["B"] + [middle] * (n - 2) + ["E"]
     return tags
+
+
+_SEGMENTATION_TAGS = frozenset("BMEIS")
+
+
+def _segmentation_moves(labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Over LABELS: which tags may start a sentence, follow each tag, and end a sentence
+    (a word is S alone, or B, any number of M or I, then E; any other label never)."""
+    kind = {t: t if t in "BES" else "M" for t in labels if t in _SEGMENTATION_TAGS}
+    start = np.array([kind.get(t) in ("B", "S") for t in labels])
+    end = np.array([kind.get(t) in ("E", "S") for t in labels])
+    follows = {"B": "ME", "M": "ME", "E": "BS", "S": "BS"}
+    allowed = np.array([[a in kind and b in kind and kind[b] in follows[kind[a]]
+                         for b in labels] for a in labels])
+    return start, allowed, end
+
+
+def best_segmentation(log_probs_WC: np.ndarray, labels: Sequence[str]) -> list[str]:
+    """The most probable sequence of segmentation tags that spells whole words (Viterbi over
+    the per-character log-probabilities `log_probs_WC` of LABELS): an argmax per character can
+    give B B or M S, which the lenient span reading then cuts into extra words."""
+    if len(log_probs_WC) == 0:
+        return []
+    start, allowed, end = _segmentation_moves(labels)
+    forbidden = np.float32(-1e9)
+    transition = np.where(allowed, 0.0, forbidden)
+    score = np.where(start, log_probs_WC[0], forbidden)
+    back = []
+    for row in log_probs_WC[1:]:
+        total = score[:, None] + transition  # [from, to]
+        back.append(np.argmax(total, axis=0))
+        score = total.max(axis=0) + row
+    tag = int(np.argmax(np.where(end, score, forbidden)))
+    path = [tag]
+    for pointers in reversed(back):
+        tag = int(pointers[tag])
+        path.append(tag)
+    return [labels[i] for i in reversed(path)]

@@ -31,6 +31,7 @@ import logging
 import re
 from typing import Sequence
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -227,8 +228,11 @@ def _row(values: Sequence[int], pad: int) -> np.ndarray:
 
 def word_predictions(features: Features, predicted_NL: np.ndarray,
                      sentences: Sequence[TaggedSentence]) -> list[np.ndarray]:
-    """Per sentence, the predicted id of each word (read at its first sub-token)."""
-    out = [np.full(len(s.words), -1, np.int64) for s in sentences]
+    """Per sentence, the predicted id of each word (read at its first sub-token), or with
+    [N, L, C] scores, the scores of each word (-1 where a word has no prediction)."""
+    predicted_NL = np.asarray(predicted_NL)
+    out = [np.full((len(s.words), *predicted_NL.shape[2:]), -1, predicted_NL.dtype)
+           for s in sentences]
     example_index, word_ids = features.arrays["example_index"], features.arrays["word_ids"]
     for row in range(len(features)):
         at = word_ids[row] >= 0
@@ -303,12 +307,17 @@ class Tagging(Task):
         return jnp.sum(jnp.where(labels_BL >= 0, ce_BL, 0.0))
 
     def fetch(self, logits_BLC):
+        if self.kind == "segmentation":  # decoded whole sentences at a time, see evaluate
+            return jax.nn.log_softmax(logits_BLC.astype(jnp.float32), axis=-1)
         return jnp.argmax(logits_BLC, axis=-1).astype(jnp.int32)
 
-    def evaluate(self, taskset: TaskSet, ids_NL, labels: LabelVocab):
-        words = word_predictions(taskset.features, ids_NL, taskset.examples)
+    def evaluate(self, taskset: TaskSet, outputs, labels: LabelVocab):
+        words = word_predictions(taskset.features, outputs, taskset.examples)
         # A word without a prediction (none: windows cover every word) would count as wrong.
-        predicted = [[labels.labels[i] if i >= 0 else None for i in w] for w in words]
+        if self.kind == "segmentation":
+            predicted = [_segmentation(w, labels.labels) for w in words]
+        else:
+            predicted = [[labels.labels[i] if i >= 0 else None for i in w] for w in words]
         unscored = sum(p is None for ps in predicted for p in ps)
         if unscored:
             log.warning("%s: %d words have no prediction; they count as errors", taskset.name,
@@ -367,6 +376,14 @@ class Tagging(Task):
                 out.append(words[i])
                 i += 1
         return " ".join(out)
+
+
+def _segmentation(log_probs_WC: np.ndarray, labels: Sequence[str]) -> list[str | None]:
+    """The best well-formed tags of one sentence; None for characters without a prediction,
+    which the decoding takes as uninformative."""
+    missing = np.all(log_probs_WC == -1, axis=-1)
+    tags = tagging.best_segmentation(np.where(missing[:, None], 0.0, log_probs_WC), labels)
+    return [None if m else t for t, m in zip(tags, missing)]
 
 
 def segmented_words(characters: Sequence[str], tags: Sequence[str]) -> list[str]:
