@@ -51,6 +51,12 @@ framework differs:
   (QA: bertjax's n-best span search over the PyTorch start / end logits); the table shows
   the final epoch.
 
+Padding (--padding): by default, as each framework's users run it, `transformers` pads each
+batch to its longest row (what DataCollatorWithPadding does) and bertjax cuts each batch to
+the shortest of its length buckets that holds it (`train.bucket_lengths`, below
+max_seq_length); neither changes a result, only the work. `--padding=max_length` pads every
+row to max_seq_length in both, as the README's earlier tables were run.
+
 What still differs: the fresh head's random initialisation (each framework's own:
 truncated normal vs normal, std 0.02), the dropout random streams, and float summation order.
 Wall times are end to end and have the same scope for both: loading the model, featurizing,
@@ -257,9 +263,21 @@ def cantonese_model(out: str) -> tuple[str, str]:
 # --- bertjax -----------------------------------------------------------------------------------
 
 
-def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int) -> dict:
+# --padding=dynamic: bertjax cuts each batch to the shortest of these that holds it.
+BUCKET_LENGTHS = (16, 32, 48, 64, 96, 128, 256)
+
+
+def _cuts(task: Task, padding: str) -> bool:
+    """Whether batches are cut to length. QA's span softmax runs over every position, padding
+    included (in both frameworks), so cutting its rows would change the loss: never."""
+    return padding == "dynamic" and task.type != "squad"
+
+
+def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int,
+              padding: str) -> dict:
     """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values."""
-    return {"init_checkpoint": model_dir, "task.train_file": train_file,
+    buckets = tuple(b for b in BUCKET_LENGTHS if b < task.max_seq_length)
+    return {**({"train.bucket_lengths": buckets} if _cuts(task, padding) else {}),"init_checkpoint": model_dir, "task.train_file": train_file,
             "task.eval_files": eval_file,
             "task.max_seq_length": task.max_seq_length, **task.overrides,
             "optimizer.name": "adamw", "optimizer.schedule": "warmup_linear",
@@ -273,7 +291,8 @@ def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed:
 def bertjax_command(task: Task, workdir: str, values: dict) -> list[str]:
     return ([sys.executable, "-m", "bertjax.main",
              f"--config=configs/finetune/{task.config}.py", f"--workdir={workdir}"]
-            + [f"--config.{k}={v}" for k, v in values.items()])
+            + [f"--config.{k}={x}" for k, v in values.items()
+               for x in (v if isinstance(v, tuple) else (v,))])  # a tuple: the flag repeated
 
 
 def run_bertjax(command: list[str], workdir: str, log_path: str) -> tuple[dict, float]:
@@ -306,7 +325,7 @@ def task_config(task: Task, values: dict):
         for part in key.split("."):
             node = node[part]
         return node
-    # As the command line reads them: a comma-separated list for a tuple key.
+    # A tuple key given as a string: a comma-separated list.
     config.update_from_flattened_dict({
         k: tuple(v.split(",")) if isinstance(current(k), tuple) and isinstance(v, str) else v
         for k, v in values.items()})
@@ -337,16 +356,36 @@ def _torch_loss(kind: str, out, batch):
                   + F.cross_entropy(out.end_logits, batch["end_positions"].long()))
 
 
-def _torch_outputs(kind: str, model, arrays: dict, batch_size: int):
-    """What bertjax's eval step fetches, from the PyTorch model."""
+def dynamically_padded(batch: dict) -> dict:
+    """The batch cut to its longest row, as transformers' DataCollatorWithPadding pads: every
+    [rows, positions] array loses the columns no row of this batch uses."""
+    longest = int(np.asarray(batch["input_mask"]).sum(axis=1).max())
+    length = np.asarray(batch["input_ids"]).shape[1]
+    return {k: v[:, :longest] if np.ndim(v) == 2 and np.shape(v)[1] == length else v
+            for k, v in batch.items()}
+
+
+def _padded_back(x: np.ndarray, length: int, fill) -> np.ndarray:
+    """Outputs over a cut batch's positions, padded back to the rows' full length."""
+    if x.ndim < 2 or x.shape[1] == length:
+        return x
+    pad = [(0, 0), (0, length - x.shape[1])] + [(0, 0)] * (x.ndim - 2)
+    return np.pad(x, pad, constant_values=fill)
+
+
+def _torch_outputs(kind: str, model, arrays: dict, batch_size: int, dynamic: bool):
+    """What bertjax's eval step fetches, from the PyTorch model (batches dynamically padded,
+    the outputs padded back: the positions past a row's end are never read)."""
     import torch
     model.eval()
     outs = []
+    length = arrays["input_ids"].shape[1]
     with torch.no_grad():
         for start in range(0, len(arrays["input_ids"]), batch_size):
-            b = {k: torch.from_numpy(np.asarray(arrays[k][start:start + batch_size],
-                                                np.int64))
+            b = {k: arrays[k][start:start + batch_size]
                  for k in ("input_ids", "input_mask", "segment_ids")}
+            b = {k: torch.from_numpy(np.asarray(v, np.int64))
+                 for k, v in (dynamically_padded(b) if dynamic else b).items()}
             out = model(input_ids=b["input_ids"], attention_mask=b["input_mask"],
                         token_type_ids=b["segment_ids"])
             if kind == "classification":
@@ -361,11 +400,15 @@ def _torch_outputs(kind: str, model, arrays: dict, batch_size: int):
                 outs.append({"start_logits": out.start_logits.numpy(),
                              "end_logits": out.end_logits.numpy()})
     model.train()
+    # Padding: tag id 0, log-probability or logit far below any real one.
+    outs = [{k: _padded_back(v, length, 0 if v.dtype.kind == "i" else -1e4)
+             for k, v in o.items()} for o in outs]
     merged = {k: np.concatenate([o[k] for o in outs]) for k in outs[0]}
     return merged["x"] if "x" in merged else merged
 
 
-def run_transformers(task: Task, values: dict, hf_dir: str) -> tuple[dict, float, list[dict]]:
+def run_transformers(task: Task, values: dict, hf_dir: str,
+                     dynamic: bool) -> tuple[dict, float, list[dict]]:
     """(final held-out metrics, end-to-end seconds, per-epoch metrics)."""
     import torch
     import transformers as hf
@@ -409,7 +452,9 @@ def run_transformers(task: Task, values: dict, hf_dir: str) -> tuple[dict, float
         if offset == 0:
             order = finetune.epoch_order(len(arrays["input_ids"]), config.seed, epoch)
         rows = order[offset * batch_size:(offset + 1) * batch_size]
-        batch = {k: torch.from_numpy(np.asarray(arrays[k][rows])) for k in keys}
+        batch = {k: arrays[k][rows] for k in keys}
+        batch = {k: torch.from_numpy(np.asarray(v))
+                 for k, v in (dynamically_padded(batch) if dynamic else batch).items()}
         out = model(input_ids=batch["input_ids"].long(), attention_mask=batch["input_mask"].long(),
                     token_type_ids=batch["segment_ids"].long())
         loss = _torch_loss(task.type, out, batch)
@@ -422,7 +467,7 @@ def run_transformers(task: Task, values: dict, hf_dir: str) -> tuple[dict, float
         if (step + 1) % per_epoch == 0 or step + 1 == total:
             outputs = _torch_outputs("segmentation" if task.config == "segment" else task.type,
                                      model, dev.features.arrays,
-                                     config.train.eval_batch_size)
+                                     config.train.eval_batch_size, dynamic)
             metrics, _ = kind.evaluate(dev, outputs, data.labels)
             history.append({"step": step + 1, "train_seconds": train_seconds,
                             "metrics": metrics})
@@ -472,6 +517,11 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke test: {QUICK['train']} training examples, 1 epoch")
+    parser.add_argument("--padding", choices=("dynamic", "max_length"), default="dynamic",
+                        help="dynamic: transformers pads each batch to its longest row "
+                        "(DataCollatorWithPadding's way), bertjax cuts it to a length bucket "
+                        "(train.bucket_lengths); max_length: both pad every row to "
+                        "max_seq_length (the original's way, and this script's before)")
     parser.add_argument("--full", action="store_true",
                         help="train on every example not held out (same held-out sets)")
     parser.add_argument("--seed", type=int, default=0,
@@ -486,7 +536,8 @@ def main() -> None:
     rerun = ("PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py "
              f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else "")
              + (" --full" if args.full else "")
-             + (f" --seed={args.seed}" if args.seed else ""))
+             + (f" --seed={args.seed}" if args.seed else "")
+             + (f" --padding={args.padding}" if args.padding != "dynamic" else ""))
     print(f"# {rerun}", flush=True)
     os.makedirs(args.out, exist_ok=True)
 
@@ -510,7 +561,8 @@ def main() -> None:
             task = dataclasses.replace(task, train=0)
         train_file, eval_file, baseline = write_data(name, task,
                                                      os.path.join(args.out, "data", name))
-        values = overrides(task, model_dirs[task.model], train_file, eval_file, args.seed)
+        values = overrides(task, model_dirs[task.model], train_file, eval_file, args.seed,
+                           args.padding)
         workdir = os.path.join(args.out, "runs", name)
         if os.path.exists(workdir):  # a finished run would only be re-reported
             subprocess.run(["rm", "-rf", workdir], check=True)
@@ -523,7 +575,8 @@ def main() -> None:
             f"{m} {bj_metrics[m]:.4f}" for m in task.metrics), flush=True)
         load["load_after_bertjax"] = os.getloadavg()[0]
         print(f"{name}: transformers ...", flush=True)
-        hf_metrics, hf_seconds, hf_history = run_transformers(task, values, hf_dirs[task.model])
+        hf_metrics, hf_seconds, hf_history = run_transformers(task, values, hf_dirs[task.model],
+                                                              _cuts(task, args.padding))
         print(f"  transformers {hf_seconds:.0f}s: " + ", ".join(
             f"{m} {hf_metrics[m]:.4f}" for m in task.metrics), flush=True)
         load["load_after_transformers"] = os.getloadavg()[0]
