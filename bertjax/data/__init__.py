@@ -3,6 +3,12 @@
 import functools
 import os
 
+# A pretraining batch: the original release's names.
+FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+            "masked_lm_weights", "next_sentence_labels")
+# Packed rows (data.examples_per_row > 1, packing.py) also carry these.
+PACKED_FEATURES = ("position_ids", "example_ids", "cls_positions", "next_sentence_weights")
+
 
 @functools.cache
 def tensorflow():

@@ -27,7 +27,7 @@ import functools
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data import masking, pairs
+from bertjax.data import masking, packing, pairs
 
 _SEED_SALT = 0x0BE27
 
@@ -49,6 +49,7 @@ class Recipe:
     whole_word_masking: bool = False
     nsp: bool = True
     short_seq_prob: float = 0.1
+    examples_per_row: int = 1  # > 1: rows packed with up to this many examples (packing.py)
 
     @property
     def max_num_tokens(self) -> int:
@@ -80,6 +81,9 @@ class Recipe:
                 f"{length}) = {needed} to predict; set max_predictions_per_seq >= {needed}")
         if preds > length:
             raise ValueError(f"max_predictions_per_seq={preds} > max_seq_length={length}")
+        if self.examples_per_row < 1:
+            raise ValueError(f"examples_per_row={self.examples_per_row}: expected 1 (one "
+                             "example a row) or more (packed rows)")
 
 
 def part_tokens(block_tokens: int, max_seq_length: int) -> int:
@@ -174,11 +178,18 @@ def block_function(recipe: Recipe, *, cls_id: int, sep_id: int, pad_id: int, mas
         ex["next_sentence_labels"] = spans.next_sentence_labels
         count = tf.shape(spans.a0)[0]
         order = tf.argsort(tf.random.stateless_uniform([count], order_seed), stable=True)
-        order = order[tf.minimum(tf.cast(skip, tf.int32), count):]
         ex = {k: tf.gather(v, order) for k, v in ex.items()}
-        ex["_epoch"] = tf.fill(tf.shape(order), epoch)
-        ex["_block"] = tf.fill(tf.shape(order), block)
-        ex["_example"] = tf.range(count - tf.shape(order)[0], count)
+        if recipe.examples_per_row > 1:  # then rows, not examples, are what a block counts
+            ex = packing.pack(ex, seq_len=recipe.max_seq_length,
+                              max_predictions=recipe.max_predictions_per_seq,
+                              examples_per_row=recipe.examples_per_row, pad_id=pad_id,
+                              seed=_seed(seed, host, epoch, block, 2))
+            count = tf.shape(ex["input_ids"])[0]
+        kept = tf.range(tf.minimum(tf.cast(skip, tf.int32), count), count)
+        ex = {k: tf.gather(v, kept) for k, v in ex.items()}  # a slice would log TF warnings
+        ex["_epoch"] = tf.fill(tf.shape(kept), epoch)
+        ex["_block"] = tf.fill(tf.shape(kept), block)
+        ex["_example"] = kept
         return ex
 
     return make

@@ -36,15 +36,13 @@ from typing import Iterator, Mapping
 import numpy as np
 import tensorflow as tf
 
-from bertjax.data import document_pool, examples, shards, tensorflow
+from bertjax.data import FEATURES, document_pool, examples, shards, tensorflow  # noqa: F401
 from bertjax.data.tokenizers import SPECIAL_TOKENS
 from bertjax.data.examples import Recipe
 
 
 tensorflow()  # before any TF op: keeps TF off the accelerators
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +103,7 @@ class PretrainingIterator:
         batch = next(self._iterator)
         self._position = _position(batch["_epoch"][-1], batch["_block"][-1],
                                    batch["_example"][-1] + 1)
-        return {k: batch[k].numpy() for k in FEATURES}
+        return {k: v.numpy() for k, v in batch.items() if not k.startswith("_")}
 
     def position(self) -> dict[str, int]:
         """After the last batch returned: restore with `start_position=` to continue from it."""
@@ -192,6 +190,7 @@ def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
                         mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                         whole_word_masking: bool = False, nsp: bool = True,
                         short_seq_prob: float = 0.1, shuffle_tokens: int = 1 << 19,
+                        examples_per_row: int = 1,
                         heldout_fraction: float = 0.0, process_index: int = 0,
                         process_count: int = 1, num_parallel_calls: int = tf.data.AUTOTUNE,
                         start_position: Mapping[str, int] | None = None,
@@ -204,7 +203,7 @@ def pretraining_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
     (roughly 100 bytes per token while it works).
     """
     recipe = Recipe(max_seq_length, max_predictions_per_seq, mask_rate, mask_prob, random_prob,
-                    whole_word_masking, nsp, short_seq_prob)
+                    whole_word_masking, nsp, short_seq_prob, examples_per_row)
     batch_size = _host_batch(global_batch_size, process_count)
     if shuffle_tokens < 1:
         raise ValueError(f"shuffle_tokens={shuffle_tokens} must be at least 1")
@@ -230,7 +229,8 @@ def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
                  num_batches: int | None = None, heldout_fraction: float = 0.0,
                  mask_rate: float = 0.15, mask_prob: float = 0.8, random_prob: float = 0.1,
                  whole_word_masking: bool = False, nsp: bool = True, short_seq_prob: float = 0.1,
-                 shuffle_tokens: int = 1 << 19, process_index: int = 0, process_count: int = 1,
+                 shuffle_tokens: int = 1 << 19, examples_per_row: int = 1,
+                 process_index: int = 0, process_count: int = 1,
                  num_parallel_calls: int = tf.data.AUTOTUNE,
                  max_document_tokens: int = 1_000_000) -> PretrainingIterator:
     """Held-out batches, the same ones at every call: the documents that `pretraining_dataset`
@@ -241,7 +241,7 @@ def eval_dataset(shard_dir: str, *, vocab: Vocab, max_seq_length: int,
     so that every host runs the same number of steps (the stream then cycles if needed).
     """
     recipe = Recipe(max_seq_length, max_predictions_per_seq, mask_rate, mask_prob, random_prob,
-                    whole_word_masking, nsp, short_seq_prob)
+                    whole_word_masking, nsp, short_seq_prob, examples_per_row)
     batch_size = _host_batch(global_batch_size, process_count)
     if num_batches is None and process_count > 1:
         raise ValueError(f"eval_dataset over {process_count} hosts needs num_batches: one pass "

@@ -59,8 +59,12 @@ class BertForPreTraining(nn.Module):
         self.nsp = _dense(self.config, 2, ("embed", None), "nsp")
 
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-                 deterministic: bool = True):
-        x_BLD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic)
+                 deterministic: bool = True, position_ids=None, example_ids=None,
+                 cls_positions=None):
+        """Packed rows (data/packing.py) add `position_ids`, `example_ids` and `cls_positions`
+        [B, K]: then 'nsp_logits' is [B, K, 2], one per example."""
+        x_BLD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                     position_ids, example_ids, cls_positions)
         x_BPD = gather_positions(x_BLD, masked_lm_positions)
         mlm_logits_BPV = self.mlm(x_BPD, self.bert.attend)
         nsp_logits_B2 = self.nsp(pooled_BD)

@@ -20,14 +20,13 @@ import optax
 from jax.experimental import multihost_utils
 
 from bertjax import files
+from bertjax.data import FEATURES, PACKED_FEATURES
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pretrain_config
 from bertjax.training import sharding
 from bertjax.training.trainer import Objective, Trainer
 
-FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-            "masked_lm_weights", "next_sentence_labels")
 def compute_dtype(name: str):
     """The model's compute dtype: `auto` is bfloat16 on accelerators, float32 on CPUs."""
     if name == "auto":
@@ -75,17 +74,26 @@ def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
     logits_BPV = outputs["mlm_logits"]
     ce_BP = optax.softmax_cross_entropy_with_integer_labels(logits_BPV, ids_BP)
     hit_BP = (jnp.argmax(logits_BPV, -1) == ids_BP).astype(jnp.float32)
+    # Packed rows: one label per example slot, [B, K], weighted 0 at empty slots.
     labels_B = batch["next_sentence_labels"].astype(jnp.int32).reshape(-1)
-    nsp_logits_B2 = outputs["nsp_logits"]
+    nsp_logits_B2 = outputs["nsp_logits"].reshape(-1, 2)
+    nsp_weights_B = _sequence_weights(batch)
     return {
         "mlm_loss_sum": jnp.sum(weights_BP * ce_BP),
         "mlm_correct": jnp.sum(weights_BP * hit_BP),
         "mlm_weight": jnp.sum(weights_BP),
-        "nsp_loss_sum": jnp.sum(
-            optax.softmax_cross_entropy_with_integer_labels(nsp_logits_B2, labels_B)),
-        "nsp_correct": jnp.sum((jnp.argmax(nsp_logits_B2, -1) == labels_B).astype(jnp.float32)),
-        "sequences": jnp.asarray(labels_B.shape[0], jnp.float32),
+        "nsp_loss_sum": jnp.sum(nsp_weights_B * optax.softmax_cross_entropy_with_integer_labels(
+            nsp_logits_B2, labels_B)),
+        "nsp_correct": jnp.sum(nsp_weights_B * (jnp.argmax(nsp_logits_B2, -1) == labels_B)),
+        "sequences": jnp.sum(nsp_weights_B),
     }
+
+
+def _sequence_weights(batch: dict) -> jax.Array:
+    """1 per example (per row, or per filled slot of packed rows), flat."""
+    if "next_sentence_weights" in batch:
+        return batch["next_sentence_weights"].astype(jnp.float32).reshape(-1)
+    return jnp.ones(batch["next_sentence_labels"].size, jnp.float32)
 
 
 def summarize(sums: dict, nsp: bool) -> dict[str, Any]:
@@ -101,14 +109,16 @@ def summarize(sums: dict, nsp: bool) -> dict[str, Any]:
 
 def objective(model: BertForPreTraining, nsp: bool) -> Objective:
     def apply(params, batch, rng):
+        packed = {k: batch[k] for k in ("position_ids", "example_ids", "cls_positions")
+                  if k in batch}
         return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                            batch["segment_ids"], batch["masked_lm_positions"],
                            deterministic=rng is None,
-                           rngs=None if rng is None else {"dropout": rng})
+                           rngs=None if rng is None else {"dropout": rng}, **packed)
 
     def normalizers(batch):
         return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + _MLM_EPS,
-                "sequences": batch["input_ids"].shape[0]}
+                "sequences": jnp.sum(_sequence_weights(batch))}
 
     def loss(outputs, micro_batch, totals):
         sums = pretraining_sums(outputs, micro_batch)
@@ -136,7 +146,7 @@ def _features(local: dict) -> dict:
     missing = [f for f in FEATURES if f not in local]
     if missing:
         raise ValueError(f"input batch lacks features {missing}; expected {FEATURES}")
-    return {f: local[f] for f in FEATURES}
+    return {f: local[f] for f in FEATURES + PACKED_FEATURES if f in local}
 
 
 def _batches(iterator) -> Iterator[dict]:
@@ -251,7 +261,7 @@ def input_data(config: Any) -> PretrainingData:
                   mask_rate=data.mask_rate, mask_prob=data.mask_prob,
                   random_prob=data.random_prob, whole_word_masking=data.whole_word_masking,
                   nsp=data.nsp, short_seq_prob=data.short_seq_prob,
-                  shuffle_tokens=data.shuffle_tokens,
+                  shuffle_tokens=data.shuffle_tokens, examples_per_row=data.examples_per_row,
                   process_index=jax.process_index(), process_count=jax.process_count())
     heldout = 0.0 if data.eval_shard_dir else data.heldout_fraction
 

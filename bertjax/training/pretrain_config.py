@@ -77,6 +77,11 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     config.data.whole_word_masking = False
     # Examples are made and shuffled in blocks of documents of about this many tokens.
     config.data.shuffle_tokens = 1 << 19
+    # Up to this many examples per row (first-fit, longest first), each attending only to
+    # itself with its own positions, predictions and next-sentence label, so rows of short
+    # examples (short documents, phase 2 at seq 512) hold text instead of padding. Rows then
+    # carry examples_per_row * max_predictions_per_seq prediction slots. 1: as the original.
+    config.data.examples_per_row = 1
 
     config.optimizer = ml_collections.ConfigDict()
     config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
