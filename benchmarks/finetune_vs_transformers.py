@@ -87,8 +87,6 @@ import cantonese_bert  # noqa: E402  (tests/: the CI tests' data and model build
 import real_data  # noqa: E402
 from task_data import MINILM_DIR  # noqa: E402
 
-from bertjax.tasks import metrics, tag_schemes  # noqa: E402
-
 DATA_SEED = 0  # the train / held-out split; --seed is the training run's
 
 
@@ -213,13 +211,8 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
     if name == "segmentation":
         data = real_data.hkcancor()
         train, test = data["train"][:task.train or None], data["test"][:task.held_out]
-        dictionary = {w for u in train for w in u}
-        gold = [tag_schemes.segmentation_tags(map(len, u)) for u in test]
-        matched = [tag_schemes.segmentation_tags(map(len, real_data.max_match(
-            "".join(u), dictionary, max(map(len, dictionary))))) for u in test]
         baseline = {"train_examples": len(train), "name": "dictionary maximum matching",
-                    **metrics.word_scores(gold, matched, dictionary,
-                                          [list("".join(u)) for u in test])}
+                    **real_data.max_match_scores(train, test)}
         return (cantonese_bert.write_segmented(train_path + ".txt", train),
                 cantonese_bert.write_segmented(dev_path + ".txt", test), baseline)
     if name.startswith("pos"):
@@ -229,17 +222,10 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
         kept = [(w, t) for w, t in test if set(t) <= known][:task.held_out]
         print(f"pos: {len(test) - len([1 for _, t in test if set(t) <= known])} of {len(test)} "
               "test utterances have tags the training split lacks; left out", flush=True)
-        by_word = collections.defaultdict(collections.Counter)
-        for words, tags in train:
-            for w, t in zip(words, tags):
-                by_word[w][t] += 1
-        overall = collections.Counter(t for _, tags in train for t in tags).most_common(1)[0][0]
-        guess = [by_word[w].most_common(1)[0][0] if w in by_word else overall
-                 for words, _ in kept for w in words]
-        gold = [t for _, tags in kept for t in tags]
+        accuracy, overall = real_data.most_frequent_tag(train, kept)
         baseline = {"train_examples": len(train), "held_out_kept": len(kept),
                     "name": f"each word's most frequent training tag (unseen: {overall!r})",
-                    "token_accuracy": float(np.mean([g == p for g, p in zip(gold, guess)]))}
+                    "token_accuracy": accuracy}
         return (cantonese_bert.write_tagged(train_path + ".conll", train),
                 cantonese_bert.write_tagged(dev_path + ".conll", kept), baseline)
     raise ValueError(f"unknown task {name!r}: expected one of {', '.join(TASKS)}")

@@ -15,6 +15,7 @@ download`, and are checked by SHA-256; a failed download fails the test that nee
 """
 from __future__ import annotations
 
+import collections
 import hashlib
 import os
 import re
@@ -173,6 +174,33 @@ def hkcancor() -> dict[str, list[list[str]]]:
             else:
                 current = None
     return splits
+
+
+def most_frequent_tag(train: list[tuple[list[str], list[str]]],
+                      test: list[tuple[list[str], list[str]]]) -> tuple[float, str]:
+    """The classic part-of-speech baseline: every test word gets its most frequent tag in
+    TRAIN, an unseen word the most frequent tag of all. (token accuracy, that tag)."""
+    by_word = collections.defaultdict(collections.Counter)
+    for words, tags in train:
+        for w, t in zip(words, tags):
+            by_word[w][t] += 1
+    overall = collections.Counter(t for _, tags in train for t in tags).most_common(1)[0][0]
+    guess = [by_word[w].most_common(1)[0][0] if w in by_word else overall
+             for words, _ in test for w in words]
+    gold = [t for _, tags in test for t in tags]
+    return float(np.mean([g == p for g, p in zip(gold, guess)])), overall
+
+
+def max_match_scores(train: list[list[str]], test: list[list[str]]) -> dict:
+    """Word P/R/F1 and OOV recall of forward maximum matching on TEST's utterances, with the
+    dictionary of TRAIN's words, scored as the segmentation task scores (tasks/metrics.py)."""
+    from bertjax.tasks import metrics, tag_schemes
+    dictionary = {w for u in train for w in u}
+    longest = max(map(len, dictionary))
+    gold = [tag_schemes.segmentation_tags(map(len, u)) for u in test]
+    matched = [tag_schemes.segmentation_tags(map(len, max_match("".join(u), dictionary,
+                                                                longest))) for u in test]
+    return metrics.word_scores(gold, matched, dictionary, [list("".join(u)) for u in test])
 
 
 def max_match(characters: str, dictionary: set[str], longest: int) -> list[str]:

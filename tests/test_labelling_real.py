@@ -7,15 +7,11 @@ labelled utterances, and the held-out conversations are scored against the class
 built from the same labelled utterances. CI-sized: the pretraining learns little in its
 minutes, so most of what the models know comes from the labelled utterances, as the
 baselines' does; benchmarks/finetune_vs_transformers.py runs the full-sized comparison."""
-import collections
-
 import jax
-import numpy as np
 import pytest
 
 import cantonese_bert
 import real_data
-from bertjax.tasks import metrics, tag_schemes
 from bertjax.training import finetune
 from config_commands import parse
 
@@ -60,11 +56,7 @@ def test_segmentation_beats_dictionary_maximum_matching(tmp_path, hkcancor, cant
                        cantonese_bert.write_segmented(str(tmp_path / "train.txt"), train),
                        cantonese_bert.write_segmented(str(tmp_path / "test.txt"), test),
                        epochs=EPOCHS)
-    dictionary = {w for u in train for w in u}
-    gold = [tag_schemes.segmentation_tags(map(len, u)) for u in test]
-    matched = [tag_schemes.segmentation_tags(map(len, real_data.max_match(
-        "".join(u), dictionary, max(map(len, dictionary))))) for u in test]
-    baseline = metrics.word_scores(gold, matched, dictionary, [list("".join(u)) for u in test])
+    baseline = real_data.max_match_scores(train, test)
     print(f"segmentation word F1 {scores['f1']:.3f} (OOV recall {scores['oov_recall']:.3f}); "
           f"maximum matching {baseline['f1']:.3f} ({baseline['oov_recall']:.3f})")
     assert scores["f1"] >= baseline["f1"] + SEGMENTATION_MARGIN
@@ -80,14 +72,7 @@ def test_pos_tagging_beats_each_words_most_frequent_tag(tmp_path, cantonese):
                        cantonese_bert.write_tagged(str(tmp_path / "train.conll"), train),
                        cantonese_bert.write_tagged(str(tmp_path / "test.conll"), test),
                        epochs=EPOCHS)
-    by_word = collections.defaultdict(collections.Counter)
-    for words, tags in train:
-        for w, t in zip(words, tags):
-            by_word[w][t] += 1
-    overall = collections.Counter(t for _, tags in train for t in tags).most_common(1)[0][0]
-    guess = [by_word[w].most_common(1)[0][0] if w in by_word else overall
-             for words, _ in test for w in words]
-    baseline = float(np.mean([g == t for g, t in zip(guess, (t for _, ts in test for t in ts))]))
+    baseline, _ = real_data.most_frequent_tag(train, test)
     print(f"POS token accuracy {scores['token_accuracy']:.3f}; each word's most frequent "
           f"training tag {baseline:.3f}")
     assert scores["token_accuracy"] >= baseline + POS_MARGIN

@@ -25,7 +25,7 @@ import numpy as np
 
 from bertjax.models import decoding
 from bertjax.models.seq2seq import Bert2Bert, UniLM
-from bertjax.tasks.base import INPUTS, Task, TaskSet, register
+from bertjax.tasks.base import INPUTS, TaskSet, register
 from bertjax.tasks.classify import Classification, TextExample, tfds_rows
 from bertjax.tasks.features import Features, Packer, stack
 
