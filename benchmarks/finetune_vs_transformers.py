@@ -116,7 +116,7 @@ TASKS = {
     "pair": Task("pair", "regression", 640, 500, 48, 1e-4, 2.0,
                  ("pearson", "spearman", "mse"),
                  overrides={"task.type": "regression",
-                            "task.text_columns": "sentence1,sentence2"}),
+                            "task.text_columns": ("sentence1", "sentence2")}),
     "qa": Task("squad", "squad", 512, 500, 80, 1e-4, 2.0, ("exact", "f1"),
                overrides={"task.doc_stride": 48, "task.max_query_length": 16}),
     # Chinese sequence labelling from a model bertjax pretrained itself (MiniLM's vocabulary
