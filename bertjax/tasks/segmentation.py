@@ -26,8 +26,6 @@ from bertjax.tasks.tagging import TaggedSentence, Tagging, read_conll
 
 log = logging.getLogger(__name__)
 
-TAGS = frozenset("BMEIS")
-
 
 def read_segmented(path: str, labelled: bool = True) -> list[TaggedSentence]:
     """Sentences of a segmented text file as characters with their BMES tags; with
@@ -65,7 +63,8 @@ def read_segmented(path: str, labelled: bool = True) -> list[TaggedSentence]:
 def looks_like_conll(path: str) -> bool:
     """Every non-blank line is one character and a segmentation tag."""
     lines = [line.split() for line in files.read_text(path).splitlines() if line.strip()]
-    return bool(lines) and all(len(f) == 2 and len(f[0]) == 1 and f[1] in TAGS for f in lines)
+    return bool(lines) and all(len(f) == 2 and len(f[0]) == 1
+                               and f[1] in tag_schemes.SEGMENTATION_TAGS for f in lines)
 
 
 @register

@@ -22,6 +22,7 @@ import numpy as np
 KINDS = ("entity", "plain", "segmentation")
 SCHEMES = ("BIO", "BIOES")
 SEGMENTATION_SCHEMES = {"BMES": frozenset("BMES"), "BIES": frozenset("BIES")}
+SEGMENTATION_TAGS = frozenset("BMEIS")
 PREFIXES = frozenset("BIES")
 
 Entity = tuple[str, int, int]  # (type, first index, last index inclusive)
@@ -107,8 +108,8 @@ def mixed_kinds(tags: Sequence[str]) -> tuple[int, int] | None:
 def segmentation_scheme(tags: Iterable[str]) -> str:
     """BIES if an I tag occurs, else BMES; raises on any other tag or on both M and I."""
     distinct = set(tags)
-    if not distinct <= frozenset("BMEIS") or {"M", "I"} <= distinct:
-        shown = ", ".join(map(repr, sorted(distinct - frozenset("BMEIS")) or ["M", "I"]))
+    if not distinct <= SEGMENTATION_TAGS or {"M", "I"} <= distinct:
+        shown = ", ".join(map(repr, sorted(distinct - SEGMENTATION_TAGS) or ["M", "I"]))
         raise ValueError(f"segmentation tags {shown}: expected B, M, E, S (or B, I, E, S, "
                          f"one scheme per file)")
     return "BIES" if "I" in distinct else "BMES"
@@ -134,13 +135,10 @@ def segmentation_tags(lengths: Iterable[int], scheme: str = "BMES") -> list[str]
     return tags
 
 
-_SEGMENTATION_TAGS = frozenset("BMEIS")
-
-
 def _segmentation_moves(labels: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Over LABELS: which tags may start a sentence, follow each tag, and end a sentence
     (a word is S alone, or B, any number of M or I, then E; any other label never)."""
-    kind = {t: t if t in "BES" else "M" for t in labels if t in _SEGMENTATION_TAGS}
+    kind = {t: t if t in "BES" else "M" for t in labels if t in SEGMENTATION_TAGS}
     start = np.array([kind.get(t) in ("B", "S") for t in labels])
     end = np.array([kind.get(t) in ("E", "S") for t in labels])
     follows = {"B": "ME", "M": "ME", "E": "BS", "S": "BS"}

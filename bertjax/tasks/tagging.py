@@ -229,9 +229,11 @@ def _row(values: Sequence[int], pad: int) -> np.ndarray:
 def word_predictions(features: Features, predicted_NL: np.ndarray,
                      sentences: Sequence[TaggedSentence]) -> list[np.ndarray]:
     """Per sentence, the predicted id of each word (read at its first sub-token), or with
-    [N, L, C] scores, the scores of each word (-1 where a word has no prediction)."""
+    [N, L, C] scores, the scores of each word (-1, or NaN for scores, where a word has no
+    prediction)."""
     predicted_NL = np.asarray(predicted_NL)
-    out = [np.full((len(s.words), *predicted_NL.shape[2:]), -1, predicted_NL.dtype)
+    missing = np.nan if predicted_NL.dtype.kind == "f" else -1
+    out = [np.full((len(s.words), *predicted_NL.shape[2:]), missing, predicted_NL.dtype)
            for s in sentences]
     example_index, word_ids = features.arrays["example_index"], features.arrays["word_ids"]
     for row in range(len(features)):
@@ -381,7 +383,7 @@ class Tagging(Task):
 def _segmentation(log_probs_WC: np.ndarray, labels: Sequence[str]) -> list[str | None]:
     """The best well-formed tags of one sentence; None for characters without a prediction,
     which the decoding takes as uninformative."""
-    missing = np.all(log_probs_WC == -1, axis=-1)
+    missing = np.isnan(log_probs_WC).all(axis=-1)
     tags = tagging.best_segmentation(np.where(missing[:, None], 0.0, log_probs_WC), labels)
     return [None if m else t for t, m in zip(tags, missing)]
 
