@@ -3,6 +3,7 @@ examples its unpacked rows hold, each with its own positions, predictions and ne
 label; short documents fill the rows; and the model gives every packed example the loss and
 the gradient it has alone in a padded row."""
 import functools
+import json
 
 import jax
 import jax.numpy as jnp
@@ -15,6 +16,7 @@ from bertjax.data import pretraining, shards
 from bertjax.data.examples import Recipe
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
+from bertjax.training import metrics, trainer
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = pretraining.Vocab(size=99, pad_id=PAD, unk_id=UNK, cls_id=CLS, sep_id=SEP,
@@ -151,3 +153,23 @@ def test_a_packed_stream_resumes_at_the_next_row(short_documents):
         assert set(got) == set(expected)
         for k in expected:
             np.testing.assert_array_equal(got[k], expected[k], err_msg=k)
+
+
+def test_the_progress_line_counts_packed_examples_not_rows(short_documents, tmp_path, monkeypatch):
+    packed = _block(short_documents, K)
+    rows, examples = len(packed["input_ids"]), int(packed["next_sentence_weights"].sum())
+    assert int(trainer.packed_example_count(jnp.asarray(packed["example_ids"]))) == examples
+    assert examples > 2 * rows
+
+    clock = iter(float(t) for t in range(100))  # one step a second
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    log = metrics.TrainingLog(str(tmp_path), total_steps=4, log_every=4, seq_per_step=rows,
+                              flops_per_step=1.0, peak_flops=1.0, quiet=True, window=[])
+    log.restart_clock(0)
+    for step in range(1, 5):
+        log.record(step, {"loss": 1.0, "grad_norm": 1.0, "learning_rate": 1e-3,
+                          "examples": examples}, "unused")
+    log.close()
+    (record,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert record["seq_per_sec"] == pytest.approx(examples)
+    assert "examples" not in record  # the log records stay what they were

@@ -271,6 +271,7 @@ class TrainingLog:
         self.last_good_checkpoint: int | None = None
         self._clock: tuple[int, float] | None = None
         self._rate: float | None = None
+        self._examples: list[float] = []  # per step since the last log line (packed rows)
 
     def restart_clock(self, step: int) -> None:
         """Excludes what happened before now (compilation, eval, saving) from throughput."""
@@ -286,6 +287,8 @@ class TrainingLog:
 
     def record(self, step: int, device_metrics: dict, checkpoint_dir: str) -> None:
         host = {k: float(v) for k, v in jax.device_get(device_metrics).items()}
+        # Packed rows hold several examples: the rate counts them, the log records do not.
+        self._examples.append(host.pop("examples", self.seq_per_step))
         if not (np.isfinite(host["loss"]) and np.isfinite(host["grad_norm"])):
             raise self.diverged(f"loss {host['loss']}, grad_norm {host['grad_norm']} at step "
                                 f"{step}", checkpoint_dir)
@@ -302,8 +305,10 @@ class TrainingLog:
         record = mean_metrics(self.window)
         self.window.clear()
         eta = float("inf")
+        examples_per_step = float(np.mean(self._examples)) if self._examples else self.seq_per_step
+        self._examples.clear()
         if self._rate:
-            record["seq_per_sec"] = self._rate * self.seq_per_step
+            record["seq_per_sec"] = self._rate * examples_per_step
             record["mfu"] = self._rate * self.flops_per_step / self.peak
             eta = (self.total_steps - step) / self._rate
         self.writer.write(step, record)

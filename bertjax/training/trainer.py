@@ -86,9 +86,16 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
         params = optax.apply_updates(state.params, updates)
         step_metrics = {**objective.metrics(loss, sums), "grad_norm": optax.tree.norm(grads),
                         "learning_rate": schedule(state.step)}
+        if "example_ids" in batch:  # packed rows: the progress line counts examples, not rows
+            step_metrics["examples"] = packed_example_count(batch["example_ids"])
         return TrainState(state.step + 1, params, opt_state), step_metrics
 
     return train_step
+
+
+def packed_example_count(example_ids_BL: jax.Array) -> jax.Array:
+    """Examples in packed rows, whose `example_ids` number them 1..k in each row."""
+    return jnp.sum(jnp.max(example_ids_BL, axis=-1))
 
 
 def make_eval_step(objective: Objective):
