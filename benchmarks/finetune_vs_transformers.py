@@ -263,7 +263,8 @@ def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed:
               padding: str) -> dict:
     """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values."""
     buckets = tuple(b for b in BUCKET_LENGTHS if b < task.max_seq_length)
-    return {**({"train.bucket_lengths": buckets} if _cuts(task, padding) else {}),"init_checkpoint": model_dir, "task.train_file": train_file,
+    return {**({"train.bucket_lengths": buckets} if _cuts(task, padding) else {}),
+            "init_checkpoint": model_dir, "task.train_file": train_file,
             "task.eval_files": eval_file,
             "task.max_seq_length": task.max_seq_length, **task.overrides,
             "optimizer.name": "adamw", "optimizer.schedule": "warmup_linear",
