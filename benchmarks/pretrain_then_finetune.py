@@ -171,6 +171,8 @@ def main():
                         "run, e.g. data.nsp=False,data.mask_rate=0.3")
     parser.add_argument("--epochs", type=float, default=0.0,
                         help="fine-tuning epochs for every task (0: each task's own)")
+    parser.add_argument("--learning_rate", type=float, default=0.0,
+                        help="fine-tuning learning rate for every task (0: each task's own)")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
@@ -178,6 +180,7 @@ def main():
              f"--out={args.out} --steps={args.steps} --eval_every={args.eval_every} "
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
              f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
+             + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
              + (" --quick" if args.quick else "")
              + (f" --pretrain_overrides={args.pretrain_overrides}"
                 if args.pretrain_overrides else ""))
@@ -240,6 +243,8 @@ def main():
         task = TASKS[name]
         if args.epochs:
             task = dataclasses.replace(task, epochs=args.epochs)
+        if args.learning_rate:
+            task = dataclasses.replace(task, learning_rate=args.learning_rate)
         if args.quick:
             task = dataclasses.replace(task, train=64, held_out=64, epochs=1.0)
         train_file, eval_file, baseline = ftv.write_data(name, task,
