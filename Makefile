@@ -34,13 +34,14 @@ $(VENV)/.installed: $(VENV)/.runtime
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
-# Prepare the embedded Jane Austen corpus, pretrain configs/tiny.py on the CPU for a few
-# minutes, then fill in some blanks with the trained model (after minutes it has learned the
-# frequent words, not yet much context). Rerunning reuses the corpus and the finished run.
+# Prepare the embedded Jane Austen corpus, pretrain configs/tiny.py's `context` recipe on the
+# CPU (about 6 minutes: long enough to get past the plateau where every blank gets the most
+# frequent pieces), then fill in some blanks with the trained model. Rerunning reuses the
+# corpus and the finished run.
 DEMO_DIR ?= /tmp/bertjax-demo
 demo: runtime
 	$(PY) -m bertjax.prepare --output=$(DEMO_DIR)/austen
-	$(PY) -m bertjax.main --config=configs/tiny.py --workdir=$(DEMO_DIR)/run \
+	$(PY) -m bertjax.main --config=configs/tiny.py:context --workdir=$(DEMO_DIR)/run \
 	    --config.data.shard_dir=$(DEMO_DIR)/austen
 	$(PY) -m bertjax.predict fill-mask --checkpoint=$(DEMO_DIR)/run/model \
 	    --text="It is a truth universally acknowledged[MASK] that a single man in possession of a good fortune must be in want of a wife." \

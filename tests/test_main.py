@@ -1,9 +1,11 @@
 """`python -m bertjax.main`: configs, config errors, the multi-host contract (two processes
 on localhost, preempted and resumed, train exactly like one)."""
 
+import functools
 import importlib.util
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,7 +41,31 @@ def load(spec):
 def test_configs_have_every_key_and_say_how_to_run_them(name):
     module, config = load(f"configs/{name}.py")
     assert flat_keys(config) == flat_keys(pretrain_config.defaults())
-    assert f"python -m bertjax.main --config=configs/{name}.py --workdir=" in module.__doc__
+    assert re.search(rf"python -m bertjax.main --config=configs/{name}\.py(:\w+)? --workdir=",
+                     module.__doc__)
+
+
+def test_tiny_context_recipe_is_the_quick_one_past_the_plateau():
+    """`make demo` runs configs/tiny.py:context: the recipe that, at this size, gets past the
+    context-free plateau; only the keys that recipe names differ from the default."""
+    _, quick = load("configs/tiny.py")
+    _, context = load("configs/tiny.py:context")
+    def value(config, key):
+        return functools.reduce(getattr, key.split("."), config)
+    changed = {k for k in flat_keys(quick) if value(quick, k) != value(context, k)}
+    assert changed == {
+        "data.max_seq_length", "data.max_predictions_per_seq", "data.nsp",
+        "model.pre_layer_norm", "model.hidden_dropout_prob",
+        "model.attention_probs_dropout_prob", "optimizer.learning_rate",
+        "optimizer.warmup_steps", "train.num_steps", "train.log_every", "train.eval_every",
+        "train.checkpoint_every"}
+    assert (context.data.nsp, context.model.pre_layer_norm, context.train.num_steps) == (
+        False, True, 4500)
+    assert quick.data.nsp and not quick.model.pre_layer_norm  # the original objective
+    with open(os.path.join(ROOT, "Makefile")) as f:
+        assert "--config=configs/tiny.py:context" in f.read()
+    with pytest.raises(ValueError, match="recipe 'fast': expected one of quick, context"):
+        load("configs/tiny.py:fast")
 
 
 def test_base_and_large_follow_the_two_phase_recipe():
