@@ -242,6 +242,12 @@ def main():
                         help="fine-tuning epochs for every task (0: each task's own)")
     parser.add_argument("--learning_rate", type=float, default=0.0,
                         help="fine-tuning learning rate for every task (0: each task's own)")
+    parser.add_argument("--train_examples", type=int, default=0,
+                        help="labelled training examples for every task (0: each task's own; "
+                        "the held-out set stays the same)")
+    parser.add_argument("--finetune_overrides", default="",
+                        help="comma-separated KEY=VALUE config overrides of every fine-tuning "
+                        "run, e.g. model.keep_layers=1")
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
@@ -250,6 +256,9 @@ def main():
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
              f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
              + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
+             + (f" --train_examples={args.train_examples}" if args.train_examples else "")
+             + (f" --finetune_overrides={args.finetune_overrides}"
+                if args.finetune_overrides else "")
              + (" --quick" if args.quick else "")
              + (f" --pretrain_overrides={args.pretrain_overrides}"
                 if args.pretrain_overrides else ""))
@@ -309,6 +318,7 @@ def main():
     print(f"cloze, top-1 right of {len(cloze)}: {report['cloze_top1']}", flush=True)
 
     report["finetune"] = {}
+    finetune_extra = dict(kv.split("=", 1) for kv in args.finetune_overrides.split(",") if kv)
     seeds = [int(s) for s in args.seeds.split(",")]
     for name in args.tasks.split(","):
         task = TASKS[name]
@@ -316,6 +326,8 @@ def main():
             task = dataclasses.replace(task, epochs=args.epochs)
         if args.learning_rate:
             task = dataclasses.replace(task, learning_rate=args.learning_rate)
+        if args.train_examples:
+            task = dataclasses.replace(task, train=args.train_examples)
         if args.quick:
             task = dataclasses.replace(task, train=64, held_out=64, epochs=1.0)
         train_file, eval_file, baseline = ftv.write_data(name, task,
@@ -329,7 +341,7 @@ def main():
                 subprocess.run(["rm", "-rf", workdir], check=True)
                 os.makedirs(os.path.dirname(workdir), exist_ok=True)
                 values = ftv.overrides(task, model, train_file, eval_file, seed, "dynamic")
-                values["quiet"] = True
+                values.update(finetune_extra, quiet=True)
                 command = ftv.bertjax_command(task, workdir, values)
                 report["commands"][f"{name}-{init}-{seed}"] = shown(command)
                 seconds = run(command, workdir + ".log")
