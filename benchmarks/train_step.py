@@ -5,6 +5,15 @@ Face Flax vs PyTorch.
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
   PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
 
+On a GPU, bf16 compute (parameters, softmax, LayerNorm statistics and losses stay f32) for the
+JAX frameworks, BERT-base then BERT-large beside NVIDIA's published BERT-large figure:
+
+  PYTHONPATH=. python benchmarks/train_step.py --size=base --dtype=bfloat16 --only=bertjax,hf_flax --batch=64 --steps=20
+  PYTHONPATH=. python benchmarks/train_step.py --size=large --dtype=bfloat16 --only=bertjax --batch=64 --steps=20
+
+MFU is then counted against the device's table peak (bertjax/training/metrics.py:PEAK_FLOPS,
+dense bf16) as well as the measured bf16 matmul.
+
 Each framework runs the same step on the same inputs: forward with dropout 0.1, masked-LM
 loss at the P masked positions plus next-sentence loss, backward, global-norm clipping at 1.0
 and bias-corrected AdamW (lr 1e-4, weight decay 0.01 except LayerNorm and biases). bertjax
@@ -47,6 +56,9 @@ from bertjax.models.heads import BertForPreTraining  # noqa: E402
 from bertjax.training import metrics, optimizers, pretrain, sharding, trainer  # noqa: E402
 
 LR, WEIGHT_DECAY, CLIP, DROPOUT = 1e-4, 0.01, 1.0, 0.1
+# The published figure to set a GPU run beside (NVIDIA's BERT-large pretraining, phase 1).
+NVIDIA_BERT_LARGE = ("NVIDIA publishes 580 seq/s per A100 for BERT-large pretraining at "
+                     "seq 128, mixed precision")
 
 
 def make_inputs(batch: int, seq_len: int, predictions: int, vocab: int, seed: int = 0) -> dict:
@@ -89,8 +101,9 @@ def bertjax_step(config, inputs, dropout_rng="threefry"):
     ids = jnp.asarray(inputs["input_ids"][:1])
     params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
                                  jnp.asarray(inputs["masked_lm_positions"][:1]))["params"])
-    params = jax.device_put(params, repl)
-    state = trainer.TrainState(jnp.zeros((), jnp.int32), params, tx.init(params))
+    # All of the state placed as the step returns it, so the second step does not compile again.
+    state = jax.device_put(trainer.TrainState(jnp.zeros((), jnp.int32), params,
+                                              tx.init(params)), repl)
     train_step = jax.jit(trainer.make_train_step(pretrain.objective(model, nsp=True), tx,
                                                  schedule, grad_accum_steps=1,
                                                  dropout_rng=dropout_rng),
@@ -119,7 +132,7 @@ def hf_flax_step(config, inputs):
         num_attention_heads=config.num_attention_heads,
         intermediate_size=config.intermediate_size, hidden_dropout_prob=DROPOUT,
         attention_probs_dropout_prob=DROPOUT)
-    model = transformers.FlaxBertForPreTraining(hf_config, seed=0)
+    model = transformers.FlaxBertForPreTraining(hf_config, seed=0, dtype=config.dtype)
     tx = optax.chain(optax.clip_by_global_norm(CLIP),
                      optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-6, weight_decay=WEIGHT_DECAY,
                                  mask=optimizers.decay_mask))
@@ -231,20 +244,33 @@ def main() -> None:
     parser.add_argument("--only", default="bertjax,keras_hub,hf_flax,torch")
     # bertjax once per dropout generator named (model.dropout_rng), in turns with the rest.
     parser.add_argument("--dropout_rngs", default="threefry")
+    # Compute dtype of the JAX frameworks; the PyTorch and KerasHub steps here are f32 only.
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
+    f32_only = {"torch", "keras_hub"} & set(args.only.split(","))
+    if args.dtype != "float32" and f32_only:
+        parser.error(f"--dtype={args.dtype}: {', '.join(sorted(f32_only))} run in float32 "
+                     "here; leave them out of --only (e.g. --only=bertjax,hf_flax)")
+    dtype = jnp.dtype(args.dtype)
     from profile_step import cpu_model  # imports this file: not at the top
 
-    config = presets.preset(args.size, vocab_size=args.vocab)
+    config = presets.preset(args.size, vocab_size=args.vocab, dtype=dtype)
     inputs = make_inputs(args.batch, args.seq_len, args.predictions, args.vocab)
-    peak = metrics.measure_matmul_flops(size=2048, repeats=5)
+    peak = metrics.measure_matmul_flops(size=4096 if dtype != jnp.float32 else 2048,
+                                        repeats=5, dtype=dtype)
+    device = jax.devices()[0]
+    table_peak = next((flops for prefix, flops in metrics.PEAK_FLOPS.items()
+                       if device.device_kind.startswith(prefix)), 0.0)
     flops = metrics.pretraining_flops_per_sequence(config, args.seq_len, args.predictions)
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
           f"seq {args.seq_len}, predictions {args.predictions}; one {jax.devices()[0].platform} "
           f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
-    print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s; model FLOPs per sequence "
-          f"(train, gathered MLM): {flops / 1e9:.2f} GFLOP")
+    print(f"measured {args.dtype} matmul peak: {peak / 1e9:.1f} GFLOP/s"
+          + (f"; {device.device_kind} table peak {table_peak / 1e12:.0f} TFLOP/s"
+             if table_peak else "")
+          + f"; model FLOPs per sequence (train, gathered MLM): {flops / 1e9:.2f} GFLOP")
     builders = {"bertjax": bertjax_step, "keras_hub": keras_hub_step, "hf_flax": hf_flax_step,
                 "torch": torch_step}
     names = {"bertjax": "bertjax", "keras_hub": "KerasHub BertMaskedLM (JAX, no NSP)",
@@ -263,7 +289,11 @@ def main() -> None:
     rates = {key: args.batch / s for key, s in seconds.items()}
     for key, rate in rates.items():
         print(f"{names[key]:36s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
-              f"MFU {100 * rate * flops / peak:5.1f}%)")
+              f"MFU {100 * rate * flops / peak:5.1f}% of measured"
+              + (f", {100 * rate * flops / table_peak:5.1f}% of table peak" if table_peak
+                 else "") + ")")
+    if device.platform == "gpu":
+        print(f"reference: {NVIDIA_BERT_LARGE}")
     if "bertjax" in rates:
         for key in rates:
             if key != "bertjax":

@@ -75,9 +75,9 @@ def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions
     return encoder_flops_per_sequence(config, seq_len) + 3.0 * (mlm + pooler_nsp)
 
 
-def measure_matmul_flops(size: int = 2048, repeats: int = 5) -> float:
-    """Best-of FLOP/s of a [size, size] f32 matmul on the default device."""
-    x = jax.random.normal(jax.random.PRNGKey(0), (size, size), jnp.float32)
+def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
+    """Best-of FLOP/s of a [size, size] matmul in `dtype` on the default device."""
+    x = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
     matmul = jax.jit(lambda a: a @ a)
     matmul(x).block_until_ready()
     best = math.inf
