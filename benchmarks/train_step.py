@@ -5,8 +5,8 @@ Face Flax vs PyTorch.
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
   PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
 
-On a GPU, bf16 compute (parameters, softmax, LayerNorm statistics and losses stay f32) for the
-JAX frameworks, BERT-base then BERT-large beside NVIDIA's published BERT-large figure:
+On a GPU, bf16 compute (parameters stay f32) for the JAX frameworks, BERT-base then
+BERT-large beside NVIDIA's published BERT-large figure:
 
   PYTHONPATH=. python benchmarks/train_step.py --size=base --dtype=bfloat16 --only=bertjax,hf_flax --batch=64 --steps=20
   PYTHONPATH=. python benchmarks/train_step.py --size=large --dtype=bfloat16 --only=bertjax --batch=64 --steps=20
@@ -259,13 +259,12 @@ def main() -> None:
     peak = metrics.measure_matmul_flops(size=4096 if dtype != jnp.float32 else 2048,
                                         repeats=5, dtype=dtype)
     device = jax.devices()[0]
-    table_peak = next((flops for prefix, flops in metrics.PEAK_FLOPS.items()
-                       if device.device_kind.startswith(prefix)), 0.0)
+    table_peak = metrics.table_peak_flops(device.device_kind)
     flops = metrics.pretraining_flops_per_sequence(config, args.seq_len, args.predictions)
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
-          f"seq {args.seq_len}, predictions {args.predictions}; one {jax.devices()[0].platform} "
+          f"seq {args.seq_len}, predictions {args.predictions}; one {device.platform} "
           f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
     print(f"measured {args.dtype} matmul peak: {peak / 1e9:.1f} GFLOP/s"
           + (f"; {device.device_kind} table peak {table_peak / 1e12:.0f} TFLOP/s"

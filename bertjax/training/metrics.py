@@ -94,11 +94,16 @@ def peak_flops(devices, per_device: float = 0.0) -> float:
     same cores."""
     if per_device > 0:
         return per_device * len(devices)
-    kind = devices[0].device_kind
-    for prefix, flops in PEAK_FLOPS.items():
-        if kind.startswith(prefix):
-            return flops * len(devices)
+    table = table_peak_flops(devices[0].device_kind)
+    if table:
+        return table * len(devices)
     return measure_matmul_flops() * jax.process_count()
+
+
+def table_peak_flops(device_kind: str) -> float:
+    """One device's dense peak FLOP/s from PEAK_FLOPS, or 0 for a kind it does not list."""
+    return next((flops for prefix, flops in PEAK_FLOPS.items()
+                 if device_kind.startswith(prefix)), 0.0)
 
 
 def format_duration(seconds: float) -> str:
