@@ -438,11 +438,14 @@ def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
     workdir = tmp_path / "run"
     args = [a for a in TPU_ARGS if not a.startswith("--workdir=")]
     env = {**fake_gcloud_env(tmp_path, "ok"), "FAKE_TRAINER_HOLD": "1"}
+    # A terminal's Ctrl-C meets SIGINT at its default; a test run started in the background
+    # without job control (`nohup make test &`) would hand the launcher SIGINT ignored.
     launcher = subprocess.Popen(
         [sys.executable, str(REPO / "launch" / TPU), *args, f"--workdir={workdir}",
          "--allow_local_workdir", "--source=git", "--git_url=https://example.com/bertjax.git",
          "--poll_seconds=0.2", "--", SHARDS], cwd=REPO, env=env, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Ctrl-C once the run is going on both workers (the fake starts them one after the other).
     started = [tmp_path / f"trainer-starts-{worker}" for worker in (0, 1)]
     for _ in range(600):
