@@ -262,6 +262,13 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
+    # Set in TASKS itself: heldout_texts() leaves the same examples out of the corpus.
+    for name_count in filter(None, args.held_out.split(",")):
+        name, _, count = name_count.partition("=")
+        if name not in TASKS or not count.isdigit() or int(count) < 1:
+            parser.error(f"--held_out: {name_count!r}, expected TASK=N with TASK one of "
+                         f"{', '.join(TASKS)} and N a positive count")
+        TASKS[name] = dataclasses.replace(TASKS[name], held_out=int(count))
     rerun = (f"PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py "
              f"--out={args.out} --corpus={args.corpus} --vocab_size={args.vocab_size} "
              f"--steps={args.steps} --eval_every={args.eval_every} "
@@ -280,9 +287,6 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     report = {"rerun": rerun, "commands": {}}
 
-    for name_count in filter(None, args.held_out.split(",")):
-        name, count = name_count.split("=")
-        TASKS[name] = dataclasses.replace(TASKS[name], held_out=int(count))
     shard_dir = os.path.join(args.out, args.corpus.replace("+", "_") + f"-{args.vocab_size}"
                              + ("-lowercase" if args.lowercase else ""))
     if not os.path.exists(os.path.join(shard_dir, "manifest.json")):
