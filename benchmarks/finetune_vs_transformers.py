@@ -55,7 +55,11 @@ Padding (--padding): by default, as each framework's users run it, `transformers
 batch to its longest row (what DataCollatorWithPadding does) and bertjax cuts each batch to
 the shortest of its length buckets that holds it (`train.bucket_lengths`, below
 max_seq_length); neither changes a result, only the work. `--padding=max_length` pads every
-row to max_seq_length in both, as the README's earlier tables were run.
+row to max_seq_length in both, as the README's earlier tables were run. `--padding=packed`
+leaves transformers as dynamic and packs bertjax's training rows (`train.examples_per_row`,
+each example attending to itself only; evaluation batches are cut as with dynamic): a step takes as many rows as hold 32 examples on
+average, so both take the same number of steps, but a bertjax batch is no longer the same 32
+examples, and its loss averages over a batch of varying size.
 
 What still differs: the fresh head's random initialisation (each framework's own:
 truncated normal vs normal, std 0.02), the dropout random streams, and float summation order.
@@ -253,15 +257,44 @@ def cantonese_model(out: str) -> tuple[str, str]:
 BUCKET_LENGTHS = (16, 32, 48, 64, 96, 128, 256)
 
 
+# --padding=packed: bertjax rows hold up to this many examples (train.examples_per_row).
+EXAMPLES_PER_ROW = 8
+EXAMPLES_PER_STEP = 32
+
+
 def _cuts(task: Task, padding: str) -> bool:
-    """Whether batches are cut to length. QA's span softmax runs over every position, padding
+    """Whether batches are cut to length (with --padding=packed, bertjax's evaluation
+    batches: its training rows are full). QA's span softmax runs over every position, padding
     included (in both frameworks), so cutting its rows would change the loss: never."""
-    return padding == "dynamic" and task.type != "squad"
+    return padding in ("dynamic", "packed") and task.type != "squad"
+
+
+def _packs(task: Task, padding: str) -> bool:
+    """Whether bertjax packs its rows: QA cannot (one span softmax per row)."""
+    return padding == "packed" and task.type != "squad"
+
+
+def packed_rows_per_step(task: Task, values: dict) -> int:
+    """The rows a packed bertjax step takes so that a step holds EXAMPLES_PER_STEP examples
+    on average: the same number of steps an epoch as one example a row, and as transformers
+    takes."""
+    from bertjax.data.tokenizers import load_tokenizer
+    from bertjax.tasks import base as tasks
+    from bertjax.tasks.features import pack_rows
+    from bertjax.training import finetune_config
+    config = task_config(task, values)
+    kind = finetune_config.validate(config)
+    data = kind.load(load_tokenizer(config.init_checkpoint))
+    arrays = data.train.features.arrays
+    rows = len(pack_rows({k: arrays[k] for k in tasks.INPUTS + kind.targets}, kind.targets,
+                         EXAMPLES_PER_ROW)["input_ids"])
+    return max(1, round(EXAMPLES_PER_STEP * rows / len(arrays["input_ids"])))
 
 
 def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int,
               padding: str) -> dict:
-    """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values."""
+    """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values
+    (with --padding=packed, the bertjax run's packing is added by main)."""
     buckets = tuple(b for b in BUCKET_LENGTHS if b < task.max_seq_length)
     return {**({"train.bucket_lengths": buckets} if _cuts(task, padding) else {}),
             "init_checkpoint": model_dir, "task.train_file": train_file,
@@ -271,7 +304,7 @@ def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed:
             "optimizer.learning_rate": task.learning_rate,
             **({"optimizer.head_lr_multiplier": task.head_lr_multiplier}
                if task.head_lr_multiplier != 1.0 else {}),
-            "train.num_epochs": task.epochs, "train.global_batch_size": 32,
+            "train.num_epochs": task.epochs, "train.global_batch_size": EXAMPLES_PER_STEP,
             "train.eval_batch_size": 64, "seed": seed}
 
 
@@ -504,11 +537,16 @@ def main() -> None:
                         help=f"comma-separated, of {', '.join(TASKS)}")
     parser.add_argument("--quick", action="store_true",
                         help=f"a smoke test: {QUICK['train']} training examples, 1 epoch")
-    parser.add_argument("--padding", choices=("dynamic", "max_length"), default="dynamic",
+    parser.add_argument("--padding", choices=("dynamic", "max_length", "packed"),
+                        default="dynamic",
                         help="dynamic: transformers pads each batch to its longest row "
                         "(DataCollatorWithPadding's way), bertjax cuts it to a length bucket "
                         "(train.bucket_lengths); max_length: both pad every row to "
-                        "max_seq_length (the original's way, and this script's before)")
+                        "max_seq_length (the original's way, and this script's before); "
+                        f"packed: transformers as dynamic, bertjax packs up to "
+                        f"{EXAMPLES_PER_ROW} examples a row (train.examples_per_row) and takes "
+                        f"as many rows a step as hold {EXAMPLES_PER_STEP} examples on average "
+                        "(not for QA, which stays one example a row)")
     parser.add_argument("--full", action="store_true",
                         help="train on every example not held out (same held-out sets)")
     parser.add_argument("--seed", type=int, default=0,
@@ -553,7 +591,11 @@ def main() -> None:
         workdir = os.path.join(args.out, "runs", name)
         if os.path.exists(workdir):  # a finished run would only be re-reported
             subprocess.run(["rm", "-rf", workdir], check=True)
-        command = bertjax_command(task, workdir, values)
+        bertjax_values = values
+        if _packs(task, args.padding):
+            bertjax_values = {**values, "train.examples_per_row": EXAMPLES_PER_ROW,
+                              "train.global_batch_size": packed_rows_per_step(task, values)}
+        command = bertjax_command(task, workdir, bertjax_values)
         load = {"load_before": os.getloadavg()[0]}
         print(f"{name}: bertjax ...", flush=True)
         bj_metrics, bj_seconds = run_bertjax(command, workdir,

@@ -3,6 +3,7 @@ or packed several examples to a row, gives every example the loss (and the batch
 gradients) the fully padded batch gives, and a bucketed run trains to the parameters of a
 padded one."""
 import dataclasses
+import types
 
 import flax.linen as nn
 import jax
@@ -11,10 +12,11 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.models.heads import BertForSequenceClassification
+from bertjax.models.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
 from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
+from bertjax.tasks.tagging import TaggedSentence, tag_vocab, tagging_features
 from bertjax.training import finetune, trainer
 from bertjax.training.inference import TaskPredictor
 from finetune_helpers import TINY, classification_files, sentences, tiny_config, tiny_model_dir
@@ -142,12 +144,74 @@ def test_packed_batch_gives_the_unpacked_per_example_losses_and_gradients(featur
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def tagged():
+    """Tagging features: -1 labels at [CLS], [SEP], padding and non-first word pieces."""
+    examples = [TaggedSentence(f"s{i}", text.split(),
+                               ["CAP" if w[0].isupper() else "LOW" for w in text.split()])
+                for i, text in enumerate(sentences(12))]
+    return tagging_features(examples, wordpiece(), 64, tag_vocab(examples)).arrays
+
+
+def test_packed_tagging_rows_carry_each_token_label_and_give_its_loss_and_gradients(tagged):
+    """Tagging packs too: labels move with their tokens (-1 on padding), and every labelled
+    token gets the loss (the batch the mean loss and gradients) it gets unpacked."""
+    packed = pack_rows(tagged, ("label_ids",), max_per_row=4)
+    lengths = tagged["input_mask"].sum(1)
+    assert len(packed["input_ids"]) < len(lengths)
+    assert packed["label_ids"].shape == packed["input_ids"].shape
+    assert (packed["label_ids"][packed["input_mask"] == 0] == -1).all()
+    for r, slot in zip(*np.nonzero(packed["example_weights"])):
+        i, start = packed["example_index"][r, slot], packed["cls_positions"][r, slot]
+        np.testing.assert_array_equal(packed["label_ids"][r, start:start + lengths[i]],
+                                      tagged["label_ids"][i, :lengths[i]])
+    assert (packed["label_ids"] >= 0).sum() == (tagged["label_ids"] >= 0).sum()
+
+    model = BertForTokenClassification(DETERMINISTIC, 2)
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), *(
+        jnp.asarray(tagged[k][:1]) for k in tasks.INPUTS))["params"])
+    task = tasks.get("tagging")(types.SimpleNamespace(scheme=""))
+
+    def logits(params, arrays):
+        return model.apply({"params": params}, *(arrays[k] for k in tasks.INPUTS),
+                           **{k: arrays[k] for k in PACKING_INPUTS if k in arrays})
+
+    def token_losses(arrays):
+        ce = optax.softmax_cross_entropy_with_integer_labels(
+            logits(params, arrays), np.maximum(arrays["label_ids"], 0))
+        return np.asarray(ce)[arrays["label_ids"] >= 0]
+
+    def by_example(arrays, rows_and_starts):
+        """Each example's labelled-token losses, in example order."""
+        ce = optax.softmax_cross_entropy_with_integer_labels(
+            logits(params, arrays), np.maximum(arrays["label_ids"], 0))
+        out = []
+        for r, start, n in rows_and_starts:
+            labelled = arrays["label_ids"][r, start:start + n] >= 0
+            out.append(np.asarray(ce)[r, start:start + n][labelled])
+        return np.concatenate(out)
+
+    order = sorted(zip(*np.nonzero(packed["example_weights"])),
+                   key=lambda rs: packed["example_index"][rs])
+    packed_losses = by_example(packed, [(r, packed["cls_positions"][r, s],
+                                         lengths[packed["example_index"][r, s]])
+                                        for r, s in order])
+    np.testing.assert_allclose(packed_losses, token_losses(tagged), rtol=1e-5, atol=1e-6)
+
+    def mean_loss(params, arrays):
+        return task.loss_sum(logits(params, arrays), arrays) / task.normalizer(arrays)
+    grads = jax.jit(jax.grad(mean_loss))
+    for a, b in zip(jax.tree.leaves(grads(params, packed)),
+                    jax.tree.leaves(grads(params, tagged))):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_bucketed_run_trains_to_the_padded_run_parameters_and_packed_runs_train(tmp_path):
     data = classification_files(str(tmp_path))
     model_dir = tiny_model_dir(str(tmp_path / "model"))
     runs = {}
     for name, buckets, per_row in (("padded", (), 1), ("bucketed", (8, 12), 1),
-                                   ("packed", (), 4)):
+                                   ("packed", (8, 12), 4)):
         config = tiny_config(model_dir, train_file=data["train"], eval_files=data["dev"])
         config.model.hidden_dropout_prob = config.model.attention_probs_dropout_prob = 0.0
         config.train.num_epochs = 1.0
@@ -160,9 +224,38 @@ def test_bucketed_run_trains_to_the_padded_run_parameters_and_packed_runs_train(
     assert (runs["padded"]["results"]["dev"]["final"]["metrics"]
             == pytest.approx(runs["bucketed"]["results"]["dev"]["final"]["metrics"]))
     # 64 sentences of 5 to 20 tokens fill fewer rows of 16: fewer steps for the same epoch,
-    # evaluated example by example as before.
+    # evaluated example by example as before (the buckets cut evaluation batches only).
     assert runs["packed"]["step"] < runs["padded"]["step"] == 4
     assert len((tmp_path / "packed/predictions/dev.jsonl").read_text().splitlines()) == 20
+
+
+def test_a_packed_tagging_run_trains_and_tags_every_held_out_word(tmp_path):
+    texts = sentences(60)
+    function_words = {"the", "of", "and", "to", "a", "her", "was", "in", "it", "she", "i"}
+
+    def tag(word):
+        return "FN" if word.lower() in function_words else "W"
+    conll = tmp_path / "train.conll"
+    conll.write_text("\n\n".join("\n".join(f"{w} {tag(w)}" for w in t.split())
+                                  for t in texts) + "\n")
+    config = tiny_config(tiny_model_dir(str(tmp_path / "model")), type="tagging",
+                         train_file=str(conll), eval_files=str(conll))
+    config.task.max_seq_length = 64
+    config.train.examples_per_row = 4
+    config.train.bucket_lengths = (16, 32)  # evaluation batches; packed rows are full
+    config.train.global_batch_size = 4
+    config.optimizer.learning_rate = 3e-3
+    config.train.num_epochs = 8.0
+    run = finetune.finetune(config, str(tmp_path / "run"), jax.devices()[:1])
+    # 60 sentences in fewer rows of 64: fewer steps than the unpacked 15 an epoch.
+    assert run["step"] < 8 * 15
+    metrics = run["results"]["train"]["final"]["metrics"]
+    # A tagger that learnt anything beats tagging every word with the majority tag.
+    tags = [tag(w) for t in texts for w in t.split()]
+    majority = max(tags.count("FN"), tags.count("W")) / len(tags)
+    assert metrics["token_accuracy"] > majority + 0.1, (metrics, majority)
+    predictions = (tmp_path / "run/predictions/train.jsonl").read_text().splitlines()
+    assert len(predictions) == 60
 
 
 def test_prediction_cuts_its_batches_and_predicts_what_padded_batches_predict(tmp_path):
@@ -205,5 +298,6 @@ def test_bucket_lengths_are_checked(tmp_path):
         finetune.finetune(config, str(tmp_path / "b"))
     config.train.bucket_lengths = ()
     config.train.examples_per_row = 2
-    with pytest.raises(ValueError, match="task.type squad has no per-example \\[CLS\\] target"):
+    with pytest.raises(ValueError, match="task.type squad cannot hold several examples in a "
+                                         "row"):
         finetune.finetune(config, str(tmp_path / "c"))

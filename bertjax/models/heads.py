@@ -108,7 +108,8 @@ class BertForSequenceClassification(nn.Module):
 
 
 class BertForTokenClassification(nn.Module):
-    """Dropout + dense at every position (tagging, NER): [B, L, num_labels] float32 logits."""
+    """Dropout + dense at every position (tagging, NER): [B, L, num_labels] float32 logits
+    (packed rows too: the positions of all their examples)."""
 
     config: BertConfig
     num_labels: int
@@ -118,8 +119,9 @@ class BertForTokenClassification(nn.Module):
         self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
-    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
-        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic)
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
+                 **packing):
+        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing)
         x_BLD = self.dropout(x_BLD, deterministic=deterministic)
         return self.classifier(x_BLD).astype(jnp.float32)
 

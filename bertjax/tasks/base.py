@@ -59,8 +59,9 @@ class Task(abc.ABC):
     # Why batches may not be cut to their longest example (train.bucket_lengths), or "" when
     # they may: the loss ignores padding positions, so cutting them changes nothing.
     no_bucketing_because: ClassVar[str] = ""
-    # One target per example from the pooled [CLS]: training rows may hold several examples
-    # (train.examples_per_row, see features.pack_rows).
+    # Targets per example (from its pooled [CLS]) or per token, and a loss that sums over
+    # them: training rows may hold several examples (train.examples_per_row, see
+    # features.pack_rows).
     packable: ClassVar[bool] = False
     # task.* keys a fine-tuned model keeps in task.json for prediction.
     saved_settings: ClassVar[tuple[str, ...]] = ("max_seq_length",)

@@ -226,10 +226,12 @@ def pack_rows(arrays: dict[str, np.ndarray], targets: Sequence[str],
 
     Each example keeps its tokens and segment ids; `position_ids` restart at 0 for each,
     `example_ids` number them 1, 2, ... in their row (0: padding), `cls_positions` [R, E]
-    point at their first token ([CLS]). Per-example `targets` become [R, E], with
+    point at their first token ([CLS]). Per-example `targets` ([N]) become [R, E], with
     `example_weights` [R, E] (1 for an example, 0 for an empty slot) and `example_index`
-    [R, E] (the input row, -1 for an empty slot). Rows are filled best-fit, longest example
-    first, so the result does not depend on the input order.
+    [R, E] (the input row, -1 for an empty slot). Per-token `targets` ([N, L], -1 where
+    there is nothing to predict, as tagging's `label_ids`) move with their tokens and are -1
+    on padding. Rows are filled best-fit, longest example first, so the result does not
+    depend on the input order.
     """
     lengths = arrays["input_mask"].sum(axis=1).astype(np.int64)
     full = arrays["input_mask"].shape[1]
@@ -256,8 +258,10 @@ def pack_rows(arrays: dict[str, np.ndarray], targets: Sequence[str],
     out["cls_positions"] = np.zeros((count, max_per_row), np.int32)
     out["example_weights"] = np.zeros((count, max_per_row), np.float32)
     out["example_index"] = np.full((count, max_per_row), -1, np.int64)
+    per_token = [key for key in targets if arrays[key].ndim == 2]
     for key in targets:
-        out[key] = np.zeros((count, max_per_row), arrays[key].dtype)
+        shape = (count, full) if key in per_token else (count, max_per_row)
+        out[key] = np.full(shape, -1 if key in per_token else 0, arrays[key].dtype)
     for r, members in enumerate(rows):
         start = 0
         for slot, i in enumerate(sorted(members)):
@@ -272,7 +276,10 @@ def pack_rows(arrays: dict[str, np.ndarray], targets: Sequence[str],
             out["example_weights"][r, slot] = 1.0
             out["example_index"][r, slot] = i
             for key in targets:
-                out[key][r, slot] = arrays[key][i]
+                if key in per_token:
+                    out[key][r, span] = arrays[key][i, :n]
+                else:
+                    out[key][r, slot] = arrays[key][i]
             start += n
     return out
 

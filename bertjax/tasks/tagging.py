@@ -253,6 +253,7 @@ class Tagging(Task):
     targets = ("label_ids",)
     higher_is_better = ("f1", "precision", "recall", "token_accuracy", "macro_f1")
     uses_labels = True
+    packable = True
     saved_settings = ("max_seq_length", "doc_stride", "tag_scheme", "scheme")
 
     def __init__(self, settings):

@@ -243,8 +243,10 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
 
     try:
         step, preempted = trainer.fit(
-            total, training_batches(train_arrays, keys, batch_size, per_epoch,
-                                    config.seed, trainer.step, train_cfg.bucket_lengths),
+            # Packed rows are full: bucket_lengths then only cuts evaluation batches.
+            total, training_batches(train_arrays, keys, batch_size, per_epoch, config.seed,
+                                    trainer.step, () if train_cfg.examples_per_row > 1
+                                    else train_cfg.bucket_lengths),
             log, eval_due=epoch_end, save_due=epoch_end,
             evaluate=lambda at: evaluate(at, data.evals),
             host_state=lambda: {"history": history, "window": log.window},

@@ -142,8 +142,10 @@ def defaults() -> ml_collections.ConfigDict:
     config.train.bucket_lengths = ()
     # Up to this many training examples per row, each attending only to itself (positions
     # restart, one pooled [CLS] each), so short texts fill the rows; global_batch_size then
-    # counts rows and the loss averages over the examples. Sentence (pair) classification
-    # and regression; 1: one example per row, as the original.
+    # counts rows and the loss averages as before (over the examples; over the labelled
+    # tokens for tagging). Sentence (pair) classification, regression and tagging; 1: one
+    # example per row, as the original. Packed rows are full, so train.bucket_lengths then
+    # cuts evaluation batches only.
     config.train.examples_per_row = 1
     config.train.log_every = 50
     config.train.keep_checkpoints = 2  # saved at every epoch end (and on preemption)
@@ -189,10 +191,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
                          f"packing) or more")
     if train.examples_per_row > 1 and not task.packable:
         raise ValueError(f"train.examples_per_row {train.examples_per_row}: task.type "
-                         f"{task.name} has no per-example [CLS] target to pack; set it to 1")
-    if train.examples_per_row > 1 and train.bucket_lengths:
-        raise ValueError("train.examples_per_row > 1 fills the rows, train.bucket_lengths cuts "
-                         "their padding: set one of them")
+                         f"{task.name} cannot hold several examples in a row; set it to 1")
     if config.optimizer.head_lr_multiplier <= 0:
         raise ValueError(f"optimizer.head_lr_multiplier {config.optimizer.head_lr_multiplier}: "
                          f"expected > 0")
