@@ -11,6 +11,7 @@ measured large f32 matmul.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
 import os
@@ -223,19 +224,29 @@ class MetricWriter:
         self.enabled = jax.process_index() == 0
         if not self.enabled:
             return
-        from bertjax.data import tensorflow
-        self._tf = tensorflow()
         files.makedirs(workdir)
         self._jsonl = _Jsonl(files.path(workdir) / METRICS_FILE)
-        self._summary = self._tf.summary.create_file_writer(
-            os.path.join(workdir, TENSORBOARD_DIR))
+        self._directory = os.path.join(workdir, TENSORBOARD_DIR)
+        # Importing TensorFlow takes seconds, and a fine-tuning run needs it for TensorBoard
+        # only: it loads on a thread of its own while the first step compiles.
+        from bertjax.data import tensorflow
+        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="import-tf")
+        self._tf = loader.submit(tensorflow)
+        loader.shutdown(wait=False)
+        self._summary = None
+
+    def _writer(self):
+        if self._summary is None:
+            self._tf = self._tf.result()
+            self._summary = self._tf.summary.create_file_writer(self._directory)
+        return self._summary
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
         record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
         self._jsonl.write(json.dumps(record))
-        with self._summary.as_default():
+        with self._writer().as_default():
             for name, value in scalars.items():
                 self._tf.summary.scalar(name, float(value), step=int(step))
         self._summary.flush()
@@ -243,7 +254,8 @@ class MetricWriter:
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
-            self._summary.close()
+            if self._summary is not None:
+                self._summary.close()
 
 
 class Console:
