@@ -2,9 +2,8 @@
 
 A fingerprint is, per array, a checksum of its bits (each 32-bit word weighted by an odd
 multiple of its position, summed mod 2^32: any changed word, and any reordering, changes it)
-and whether all its values are finite. It is computed on the devices, one jitted reduction
-per array whatever its sharding (compiled once per shape: a model has a few dozen, while one
-program over a whole tree would be compiled again for every new tree), and kept as JSON beside a checkpoint or a model directory; reading
+and whether all its values are finite. It is computed on the devices as one jitted reduction,
+whatever the sharding, and kept as JSON beside a checkpoint or a model directory; reading
 them back recomputes it and compares. A checkpoint is never written from non-finite
 parameters, so "finite" also guards against saving a diverged state.
 """
@@ -33,18 +32,21 @@ def _words(x: jax.Array) -> jax.Array:
 
 
 @jax.jit
-def _reduce(x: jax.Array) -> tuple[jax.Array, jax.Array]:
-    words = _words(x)
-    weights = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(2654435761) | 1
-    finite = (jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
-              else jnp.bool_(True))
-    return jnp.sum(words * weights, dtype=jnp.uint32), finite
+def _reduce(leaves: list) -> list:
+    out = []
+    for x in leaves:
+        words = _words(x)
+        weights = jnp.arange(words.size, dtype=jnp.uint32) * jnp.uint32(2654435761) | 1
+        finite = (jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact)
+                  else jnp.bool_(True))
+        out.append((jnp.sum(words * weights, dtype=jnp.uint32), finite))
+    return out
 
 
 def fingerprints(tree: Any) -> Fingerprints:
     """Every array of `tree`, by path. All processes must call it (a global reduction)."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    values = jax.device_get([_reduce(x) for _, x in flat])
+    values = jax.device_get(_reduce([x for _, x in flat]))
     return {jax.tree_util.keystr(p, simple=True, separator="/"): [int(c), bool(f)]
             for (p, _), (c, f) in zip(flat, values)}
 
