@@ -61,8 +61,9 @@ FAMILIES = (
     ("other elementwise / reductions", lambda p: True),
 )
 # jax.random's names inside dropout: the key fold-in, the random bits, bits -> uniform ->
-# the keep mask.
-RNG_NAMES = ("threefry", "random_bits", "_bernoulli", "_uniform", "random_wrap")
+# the keep mask; and 16-bit masks' module (words split in two, compared, selected).
+RNG_NAMES = ("threefry", "random_bits", "_bernoulli", "_uniform", "random_wrap",
+             "HalfWordDropout")
 LAYOUT_OPCODES = {"copy", "transpose", "bitcast", "broadcast", "reshape", "slice",
                   "concatenate", "pad", "parameter", "constant", "iota", "tuple",
                   "get-tuple-element", "dynamic-slice", "dynamic-update-slice", "fusion"}

@@ -4,6 +4,7 @@ Face Flax vs PyTorch.
   PYTHONPATH=. python benchmarks/train_step.py            # mini: L4/H256/A4, B32, S128, P20
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
   PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
+  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax,keras_hub --dropout_mask_bits=16,32
 
 On a GPU, bf16 compute (parameters stay f32) for the JAX frameworks, BERT-base then
 BERT-large beside NVIDIA's published BERT-large figure:
@@ -38,6 +39,7 @@ or leave it out with `--only=bertjax,hf_flax,torch`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -244,6 +246,8 @@ def main() -> None:
     parser.add_argument("--only", default="bertjax,keras_hub,hf_flax,torch")
     # bertjax once per dropout generator named (model.dropout_rng), in turns with the rest.
     parser.add_argument("--dropout_rngs", default="threefry")
+    # ... and once per mask width named (model.dropout_mask_bits).
+    parser.add_argument("--dropout_mask_bits", default="16")
     # Compute dtype of the JAX frameworks; the PyTorch and KerasHub steps here are f32 only.
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
@@ -281,9 +285,13 @@ def main() -> None:
             steps[key] = builders[key](config, inputs)
             continue
         for rng in args.dropout_rngs.split(","):
-            variant = key if rng == "threefry" else f"{key} ({rng} dropout)"
-            names[variant] = variant
-            steps[variant] = bertjax_step(config, inputs, rng)
+            for bits in map(int, args.dropout_mask_bits.split(",")):
+                kinds = [f"{rng} dropout"] * (rng != "threefry") + [f"{bits}-bit masks"] * (
+                    bits != config.dropout_mask_bits)
+                variant = f"{key} ({', '.join(kinds)})" if kinds else key
+                names[variant] = variant
+                steps[variant] = bertjax_step(
+                    dataclasses.replace(config, dropout_mask_bits=bits), inputs, rng)
     seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
     rates = {key: args.batch / s for key, s in seconds.items()}
     for key, rate in rates.items():

@@ -1,19 +1,24 @@
-"""model.dropout_rng: the cheaper generators draw masks that depend only on (seed, step,
-micro-batch), so a run resumed from a checkpoint (which keeps the threefry key and the
-state) continues exactly; they draw other masks than threefry; a bad name is one error."""
+"""model.dropout_rng and model.dropout_mask_bits: the cheaper generators and the 16-bit masks
+depend only on (seed, step, micro-batch), so a run resumed from a checkpoint (which keeps the
+threefry key and the state) continues exactly; they draw other masks than Flax's threefry
+default; 16-bit masks drop at the rate asked, independently per element; bad values are one
+error each."""
 import flax.linen as nn
+import jax.numpy as jnp
 import jax
 import numpy as np
 import optax
 import pytest
 
 import pretrain_helpers as ph
+from bertjax.models.dropout import HalfWordDropout
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import pretrain, pretrain_config, trainer
 
 
-def _setup(impl: str):
+def _setup(impl: str, mask_bits: int = 32):
     config = ph.tiny_config()
+    config.model.dropout_mask_bits = mask_bits
     model = BertForPreTraining(pretrain.model_config(config.model, ph.VOCAB))
     batch = ph.synthetic_batch(0, 0, range(4), 13, 3, ph.VOCAB)
     ids = batch["input_ids"]
@@ -34,8 +39,9 @@ def _two_steps(step, batch, state, resume: bool):
     return jax.device_get(step(state, batch, rng))
 
 
-def test_cheaper_dropout_rng_resumes_exactly_and_draws_other_masks():
-    step, batch, state = _setup("unsafe_rbg")
+@pytest.mark.parametrize("impl, mask_bits", [("unsafe_rbg", 32), ("threefry", 16)])
+def test_cheaper_dropout_resumes_exactly_and_draws_other_masks(impl, mask_bits):
+    step, batch, state = _setup(impl, mask_bits)
     straight_state, straight = _two_steps(step, batch, state, resume=False)
     resumed_state, resumed = _two_steps(step, batch, state, resume=True)
     assert straight == resumed
@@ -43,6 +49,37 @@ def test_cheaper_dropout_rng_resumes_exactly_and_draws_other_masks():
         np.testing.assert_array_equal(a, b)
     threefry = _two_steps(*_setup("threefry"), resume=False)[1]
     assert np.isfinite(straight["loss"]) and straight["loss"] != threefry["loss"]
+
+
+def test_16_bit_masks_drop_each_element_independently_at_the_rate():
+    rate = 0.1
+    x = jnp.ones((64, 127, 33))  # odd length along the split axis: the last word is cut
+    out = np.asarray(HalfWordDropout(rate).apply({}, x, deterministic=False,
+                                                 rngs={"dropout": jax.random.PRNGKey(3)}))
+    dropped = out == 0
+    # Binomial standard deviation of the dropped fraction: 0.00047 here.
+    assert abs(dropped.mean() - rate) < 0.002
+    assert abs(out.mean() - 1.0) < 0.003  # kept values are scaled back to the input's mean
+    assert set(np.unique(out)) == {0.0, np.float32(65536 / (65536 - round(rate * 65536)))}
+    # A word's two halves feed positions i and i + 64 along the split axis: their drops are
+    # independent (both dropped 1% of the time), as are neighbours.
+    low, high = dropped[:, :63], dropped[:, 64:127]
+    assert abs((low & high).mean() - rate**2) < 0.002
+    assert abs((dropped[:, :, :-1] & dropped[:, :, 1:]).mean() - rate**2) < 0.002
+    # Every position drops at the rate (no position is favoured by the split).
+    per_position = dropped.mean(axis=(0, 2))
+    assert np.abs(per_position - rate).max() < 5 * np.sqrt(rate * (1 - rate) / (64 * 33))
+    again = HalfWordDropout(rate).apply({}, x, deterministic=False,
+                                        rngs={"dropout": jax.random.PRNGKey(3)})
+    np.testing.assert_array_equal(again, out)
+    assert np.array_equal(HalfWordDropout(rate).apply({}, x, deterministic=True), x)
+
+
+def test_unknown_dropout_mask_bits_is_one_clear_error():
+    config = pretrain_config.defaults("tiny")
+    config.model.dropout_mask_bits = 8
+    with pytest.raises(ValueError, match="model.dropout_mask_bits 8: expected one of 32, 16"):
+        pretrain_config.validate(config)
 
 
 def test_unknown_dropout_rng_is_one_clear_error():

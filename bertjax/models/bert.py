@@ -16,6 +16,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models.dropout import MASK_BITS, make_dropout
+
 Dtype = Any
 
 # "gelu" is the exact x * Phi(x) (erf): google-research/bert's first release (October 2018)
@@ -55,6 +57,9 @@ class BertConfig:
     # One layer traced once and run num_hidden_layers times (jax.lax.scan): the program no
     # longer grows with depth. The parameters keep their per-layer layout.
     scan_layers: bool = False
+    # Random bits per dropout mask element: 16 halves the random number generation, a large
+    # share of a step on CPUs; 32 is Flax's nn.Dropout (models/dropout.py).
+    dropout_mask_bits: int = 16
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32
 
@@ -71,6 +76,9 @@ class BertConfig:
                              f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r}: expected one of {sorted(ACTIVATIONS)}")
+        if self.dropout_mask_bits not in MASK_BITS:
+            raise ValueError(f"dropout_mask_bits {self.dropout_mask_bits}: expected one of "
+                             f"{MASK_BITS}")
         if not hasattr(jax.checkpoint_policies, self.remat_policy):
             raise ValueError(f"remat_policy {self.remat_policy!r}: expected a name of "
                              f"jax.checkpoint_policies (nothing_saveable, "
@@ -138,7 +146,7 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = _embed(c, c.type_vocab_size, (None, "embed"),
                                             "token_type_embeddings")
         self.layer_norm = _layer_norm(c, "layer_norm")
-        self.dropout = nn.Dropout(c.hidden_dropout_prob)
+        self.dropout = make_dropout(c.hidden_dropout_prob, c.dropout_mask_bits)
 
     def __call__(self, input_ids_BL, segment_ids_BL, deterministic: bool, position_ids_BL=None,
                  first_position=0):
@@ -175,7 +183,7 @@ def multi_head_attention(c: BertConfig, q_BLHK, k_BSHK, v_BSHK, mask_B1LS, deter
     scores_BHLS = scores_BHLS / jnp.sqrt(c.head_dim).astype(jnp.float32)
     scores_BHLS = jnp.where(mask_B1LS, scores_BHLS, jnp.finfo(jnp.float32).min)
     probs_BHLS = jax.nn.softmax(scores_BHLS, axis=-1)
-    probs_BHLS = nn.Dropout(c.attention_probs_dropout_prob)(
+    probs_BHLS = make_dropout(c.attention_probs_dropout_prob, c.dropout_mask_bits)(
         probs_BHLS, deterministic=False).astype(c.dtype)
     return jnp.einsum("bhqs,bshk->bqhk", probs_BHLS, v_BSHK)
 
@@ -222,7 +230,7 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
         c = self.config
-        dropout = nn.Dropout(c.hidden_dropout_prob)
+        dropout = make_dropout(c.hidden_dropout_prob, c.dropout_mask_bits)
         attention = Attention(c, name="attention")
         x_BLD = residual(c, x_BLD, _layer_norm(c, "attention_layer_norm"),
                          lambda h: attention(h, mask_B1QL, deterministic), dropout,

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, _dense, _layer_norm
+from bertjax.models.dropout import make_dropout
 
 
 def gather_positions(x_BLD, positions_BP):
@@ -97,7 +98,8 @@ class BertForSequenceClassification(nn.Module):
 
     def setup(self):
         self.bert = BertModel(self.config)
-        self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
+        self.dropout = make_dropout(self.config.hidden_dropout_prob,
+                                    self.config.dropout_mask_bits)
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
@@ -116,7 +118,8 @@ class BertForTokenClassification(nn.Module):
 
     def setup(self):
         self.bert = BertModel(self.config)
-        self.dropout = nn.Dropout(self.config.hidden_dropout_prob)
+        self.dropout = make_dropout(self.config.hidden_dropout_prob,
+                                    self.config.dropout_mask_bits)
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,

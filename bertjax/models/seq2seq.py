@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from bertjax.models.bert import (BertConfig, BertModel, Embeddings, _dense, _layer_norm,
                                  feed_forward, multi_head_attention, residual)
+from bertjax.models.dropout import make_dropout
 from bertjax.models.heads import MaskedLMHead, gather_positions
 
 
@@ -122,7 +123,7 @@ class DecoderLayer(nn.Module):
         """`context_BSD` None: no cross-attention (a tied stack running as the encoder).
         `cross`: the (CrossAttention, LayerNorm) of a tied decoder, which owns them."""
         c = self.config
-        dropout = nn.Dropout(c.hidden_dropout_prob)
+        dropout = make_dropout(c.hidden_dropout_prob, c.dropout_mask_bits)
         attention = CausalSelfAttention(c, name="attention")
         x_BTD = residual(c, x_BTD, _layer_norm(c, "attention_layer_norm"),
                          lambda h: attention(h, mask_B1TT, deterministic, decode_at,

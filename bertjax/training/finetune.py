@@ -53,7 +53,7 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
         base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
         remat_policy=model.remat_policy, scan_layers=model.scan_layers,
-        dtype=compute_dtype(model.dtype))
+        dropout_mask_bits=model.dropout_mask_bits, dtype=compute_dtype(model.dtype))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:

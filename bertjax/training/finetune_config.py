@@ -16,7 +16,7 @@ from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.tasks import base as tasks
-from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout_rng,
+from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout,
                                               check_profile_steps, check_remat_policy)
 
 
@@ -108,6 +108,10 @@ def defaults() -> ml_collections.ConfigDict:
     # RngBitGenerator, native on TPUs and GPUs; on CPUs no reliable gain was measured). Any
     # of them resumes exactly; they draw different masks.
     config.model.dropout_rng = "threefry"
+    # Random bits per mask element: 16 (two draws per random word: half the generator's
+    # work, 11% of a pretraining step on a CPU; rate 0.1 becomes 0.100006) | 32 (Flax's
+    # nn.Dropout, the masks of runs before this option).
+    config.model.dropout_mask_bits = 16
     # The first N encoder layers of the checkpoint (smaller, faster models); None: all.
     config.model.keep_layers = placeholder(int)
 
@@ -183,7 +187,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
         raise ValueError(f"model.dtype {config.model.dtype!r}: expected one of "
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
-    check_dropout_rng(config.model.dropout_rng)
+    check_dropout(config.model)
     check_remat_policy(config.model.remat_policy)
     check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
     if train.examples_per_row < 1:

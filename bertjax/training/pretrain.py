@@ -64,7 +64,8 @@ def model_config(model: Any, vocab_size: int) -> BertConfig:
         hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob,
         pre_layer_norm=model.pre_layer_norm, remat=model.remat, remat_policy=model.remat_policy,
-        scan_layers=model.scan_layers, dtype=compute_dtype(model.dtype))
+        scan_layers=model.scan_layers, dropout_mask_bits=model.dropout_mask_bits,
+        dtype=compute_dtype(model.dtype))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
