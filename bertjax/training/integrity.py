@@ -2,10 +2,15 @@
 
 A fingerprint is, per array, a checksum of its bits (each 32-bit word weighted by an odd
 multiple of its position, summed mod 2^32: any changed word, and any reordering, changes it)
-and whether all its values are finite. It is computed on the devices as one jitted reduction,
-whatever the sharding, and kept as JSON beside a checkpoint or a model directory; reading
-them back recomputes it and compares. A checkpoint is never written from non-finite
-parameters, so "finite" also guards against saving a diverged state.
+and whether all its values are finite. It is kept as JSON beside a checkpoint or a model
+directory; reading them back recomputes it and compares. A checkpoint is never written from
+non-finite parameters, so "finite" also guards against saving a diverged state.
+
+Where the arrays live in this process's host memory (CPU devices, one process) NumPy computes
+it: compiling the jitted reduction for each new tree took longer than a small run's saves
+(5.1 of a 48 s fine-tuning run's seconds here). Elsewhere (accelerators, or arrays spread
+over processes) it is one jitted reduction on the devices, whatever the sharding. The sum is
+taken mod 2^32, where order does not matter, so both give the same checksum.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Fingerprints = dict[str, list]  # array path -> [checksum, all finite]
 
@@ -43,10 +49,41 @@ def _reduce(leaves: list) -> list:
     return out
 
 
+def _in_host_memory(x: Any) -> bool:
+    """Whether `x` can be read whole here without another device or process: the same answer
+    in every process, since it depends on the array's global sharding."""
+    if not isinstance(x, jax.Array):
+        return True
+    return x.is_fully_addressable and all(d.platform == "cpu" for d in x.sharding.device_set)
+
+
+def _host_reduce(x: np.ndarray) -> tuple[np.uint32, bool]:
+    """`_reduce`'s checksum and finiteness of one array, in NumPy."""
+    # A Python number gets the dtype JAX would give it (int32, float32), as `_reduce` sees it.
+    x = np.asarray(x if isinstance(x, np.ndarray | np.generic | jax.Array) else jnp.asarray(x))
+    bits = x.dtype.itemsize * 8
+    if x.dtype == np.bool_:
+        words = x.astype(np.uint32).reshape(-1)
+    elif bits == 32:
+        words = x.view(np.uint32).reshape(-1)
+    elif bits in (8, 16):
+        words = x.view(np.uint16 if bits == 16 else np.uint8).astype(np.uint32).reshape(-1)
+    else:
+        raise ValueError(f"no fingerprint for {x.dtype} arrays")
+    weights = np.arange(words.size, dtype=np.uint32) * np.uint32(2654435761) | np.uint32(1)
+    finite = bool(np.all(np.isfinite(x))) if jnp.issubdtype(x.dtype, jnp.inexact) else True
+    return np.sum(words * weights, dtype=np.uint32), finite
+
+
 def fingerprints(tree: Any) -> Fingerprints:
-    """Every array of `tree`, by path. All processes must call it (a global reduction)."""
+    """Every array of `tree`, by path. All processes must call it (it may be a global
+    reduction)."""
     flat = jax.tree_util.tree_flatten_with_path(tree)[0]
-    values = jax.device_get(_reduce([x for _, x in flat]))
+    leaves = [x for _, x in flat]
+    if all(_in_host_memory(x) for x in leaves):
+        values = [_host_reduce(x) for x in leaves]
+    else:
+        values = jax.device_get(_reduce(leaves))
     return {jax.tree_util.keystr(p, simple=True, separator="/"): [int(c), bool(f)]
             for (p, _), (c, f) in zip(flat, values)}
 
