@@ -121,7 +121,10 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # profile plugin or Perfetto read it); (0, 0): none.
     config.train.profile_steps = (0, 0)
     # A persistent compilation cache, so a restarted run (after a preemption) does not compile
-    # again; '' keeps JAX's default (none). A gs:// path works, shared by all hosts.
+    # again; '' keeps JAX's default (none). A gs:// path works, shared by all hosts. Not on by
+    # default: on CPUs, jax 0.9-0.10's cache rejects its own entries on some hosts
+    # (jax-ml/jax#38445), and a cache shared between machines must not serve CPU code built
+    # for another instruction set.
     config.train.compilation_cache_dir = ""
     return config
 
