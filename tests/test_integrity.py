@@ -46,3 +46,14 @@ def test_host_and_device_fingerprints_agree_and_notice_one_changed_word():
     # Two words swapped: same values, other order, other checksum.
     swapped = dict(tree, int32=tree["int32"][jnp.array([1, 0, *range(2, 105)])])
     assert integrity.mismatches(integrity.fingerprints(swapped), found) == ["int32"]
+
+
+def test_trees_past_the_host_limit_take_the_jitted_reduction(monkeypatch):
+    tree = _tree()
+    small = integrity.fingerprints(tree)
+    calls = []
+    reduce = integrity._reduce
+    monkeypatch.setattr(integrity, "_reduce", lambda leaves: calls.append(1) or reduce(leaves))
+    assert integrity.fingerprints(tree) == small and not calls
+    monkeypatch.setattr(integrity, "HOST_ELEMENTS", 100)
+    assert integrity.fingerprints(tree) == small and calls == [1]
