@@ -19,6 +19,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -65,6 +66,16 @@ def _parameter(nb, name: str):
                                                 for t in node.targets):
             return ast.literal_eval(node.value)
     raise KeyError(name)
+
+
+def _checkout(directory: pathlib.Path) -> str:
+    """A copy of this working tree for an install cell: pip builds a folder in place (its
+    build/ and egg-info inside it), and a build inside the repository itself twice lost a
+    file mid-copy to other work in the same tree while the suite ran."""
+    target = directory / "bertjax-checkout"
+    shutil.copytree(REPO, target, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+    return str(target)
 
 
 def _install_code(nb, source: str) -> str:
@@ -119,7 +130,7 @@ def execute(name: str, workdir: pathlib.Path, overrides: dict, check_cell: str, 
     default, like the cores of a Colab TPU); returns it executed."""
     nb = _read(name)
     (install_at,) = _tagged(nb, "install")
-    nb.cells[install_at].source = _install_code(nb, str(REPO))
+    nb.cells[install_at].source = _install_code(nb, _checkout(workdir))
     (params_at,) = _tagged(nb, "parameters")
     unknown = set(overrides) - _assigned_names(nb.cells[params_at].source)
     assert not unknown, f"{name}: the parameters cell does not set {sorted(unknown)}"
@@ -205,7 +216,8 @@ def test_the_runtime_check_stops_a_gpu_runtime_whose_jax_fell_back_to_the_cpu(tm
 
 def test_the_install_cell_keeps_colabs_tensorflow_and_moves_jax_with_jaxlib(colab, tmp_path):
     nb = _read("inspect_checkpoint.ipynb")
-    result = subprocess.run([str(colab["python"]), "-c", _install_code(nb, str(REPO))],
+    code = _install_code(nb, _checkout(tmp_path))
+    result = subprocess.run([str(colab["python"]), "-c", code],
                             cwd=tmp_path, env=colab["env"], capture_output=True, text=True,
                             timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
