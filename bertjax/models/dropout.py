@@ -4,7 +4,7 @@ On CPUs (and wherever threefry runs in software) generating dropout masks is a l
 a training step: a quarter of a fine-tuning step's op time on a 2-core Xeon. Flax's
 `nn.Dropout` spends one 32-bit random word per element; `HalfWordDropout` splits each word
 into two 16-bit draws, so the generator runs half as long. Its keep probability is rounded to
-a multiple of 1/65536 (0.9 becomes 0.900009) and kept values are scaled by the exact inverse,
+a multiple of 1/65536 (0.9 becomes 0.899994) and kept values are scaled by the exact inverse,
 so the expectation is preserved. The masks differ from Flax's, so a run keeps one choice
 (`BertConfig.dropout_mask_bits`) from start to resume."""
 
