@@ -16,9 +16,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from typing import Any, Iterator
 
@@ -129,6 +131,43 @@ def write_json(p: PathLike, obj: Any, **dumps) -> epath.Path:
 
 def write_jsonl(p: PathLike, records) -> epath.Path:
     return write_text(p, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+
+
+class AppendedFile:
+    """A log file that grows by appending (metrics.jsonl, TensorBoard events): written in
+    place on a local disk, each write flushed. Object stores (gs://) cannot append, so there
+    the content is kept in memory and the whole file rewritten atomically, at most every
+    `remote_flush_s` seconds and on close; a run killed in between loses that much log."""
+
+    def __init__(self, p: PathLike, remote_flush_s: float = 60.0):
+        self.path, self.remote = path(p), is_remote(p)
+        self.remote_flush_s, self._flushed = remote_flush_s, -math.inf
+        if self.remote:
+            self._data = bytearray(self.path.read_bytes() if self.path.exists() else b"")
+        else:
+            self._file = open(self.path, "ab")
+
+    def write(self, data: bytes) -> None:
+        if not self.remote:
+            self._file.write(data)
+            self._file.flush()
+            return
+        self._data += data
+        if time.monotonic() - self._flushed > self.remote_flush_s:
+            self._publish()
+
+    def flush(self) -> None:
+        """Nothing to do: local writes are flushed as made, remote ones on their clock."""
+
+    def _publish(self) -> None:
+        write_bytes(self.path, bytes(self._data))
+        self._flushed = time.monotonic()
+
+    def close(self) -> None:
+        if self.remote:
+            self._publish()
+        else:
+            self._file.close()
 
 
 def makedirs(p: PathLike) -> epath.Path:

@@ -219,7 +219,8 @@ def test_command_line_fine_tunes_and_predicts(tmp_path, tiny_dir, files):
     workdir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": ROOT}
     run = subprocess.run(
-        [sys.executable, "-m", "bertjax.main", "--config=configs/finetune/classify.py",
+        [sys.executable, "-X", "importtime", "-m", "bertjax.main",
+         "--config=configs/finetune/classify.py",
          f"--workdir={workdir}", f"--config.init_checkpoint={tiny_dir}",
          f"--config.task.train_file={files['train']}", f"--config.task.eval_files={files['dev']}",
          "--config.task.max_seq_length=16", "--config.train.global_batch_size=16",
@@ -236,6 +237,12 @@ def test_command_line_fine_tunes_and_predicts(tmp_path, tiny_dir, files):
     assert list((workdir / "profile").rglob("*.xplane.pb")), "no trace of steps 1-2"
     assert list((tmp_path / "jax-cache").iterdir()), "nothing in the compilation cache"
     assert json.loads((workdir / "eval_results.json").read_text())["sets"]["dev"]["final"]
+    # TensorBoard events are written without TensorFlow, which fine-tuning needs for nothing
+    # else (importing it costs seconds at start and at exit).
+    imported = {line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines()
+                if line.startswith("import time:")}
+    assert "tensorboard" in imported and "tensorflow" not in imported
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
 
     predict = subprocess.run(
         [sys.executable, "-m", "bertjax.predict", "classify", f"--checkpoint={workdir}",

@@ -1,8 +1,7 @@
 """Where training metrics go: metrics.jsonl, TensorBoard events and a console progress line.
 
-TensorBoard events are written by `tf.summary.scalar` (TensorFlow is here for the input
-pipeline anyway; the `tensorboard` package provides the scalar summary and the viewer). Only
-process 0 writes.
+TensorBoard events are written by `events.py` with the `tensorboard` package alone (no
+TensorFlow). Only process 0 writes.
 
 Model-FLOPs utilisation (MFU) compares the model's matmul FLOPs per second with the devices'
 peak: a table of dense bf16 peaks for known accelerators, or, on CPU and unknown devices, a
@@ -11,7 +10,6 @@ measured large f32 matmul.
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import math
 import os
@@ -21,10 +19,10 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from etils import epath
 
 from bertjax import files
 from bertjax.models.bert import BertConfig
+from bertjax.training import events
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -153,67 +151,7 @@ def truncate_logs(workdir: str, last_step: int) -> None:
         if dropped:
             warn(f"{path}: dropped {dropped} unreadable line(s) (a run killed while writing)")
         files.write_text(path, "".join(line + "\n" for line in kept))
-    _truncate_tensorboard(files.path(workdir) / TENSORBOARD_DIR, last_step)
-
-
-def _truncate_tensorboard(directory, last_step: int) -> None:
-    names = sorted(str(p) for p in directory.glob("events.out.tfevents.*")) if (
-        directory.is_dir()) else []
-    if not names:
-        return
-    from bertjax.data import tensorflow
-    from tensorflow.core.util import event_pb2
-    tf = tensorflow()
-    kept = []
-    for name in names:
-        try:
-            for record in tf.data.TFRecordDataset(name):
-                event = event_pb2.Event.FromString(record.numpy())
-                if event.step <= last_step and (event.HasField("summary") or not kept):
-                    kept.append(record.numpy())
-        except tf.errors.DataLossError:
-            warn(f"{name}: dropped a partial last event (a run killed while writing)")
-    # The kept events take the place of the oldest file, so they sort before the new run's.
-    tmp = f"{names[0]}.tmp"
-    with tf.io.TFRecordWriter(tmp) as writer:
-        for record in kept:
-            writer.write(record)
-    for name in names:
-        files.remove_tree(name)
-    files.path(tmp).replace(files.path(names[0]))
-
-
-class _Jsonl:
-    """Appends lines to a local file; object stores (gs://) cannot append, so there the whole
-    file is rewritten, at most every `remote_flush_s` seconds and on close."""
-
-    def __init__(self, path: epath.Path, remote_flush_s: float = 60.0):
-        self.path, self.remote = path, files.is_remote(path)
-        self.remote_flush_s, self._flushed = remote_flush_s, 0.0
-        if self.remote:
-            self._lines = (files.read_text(path).splitlines(keepends=True) if path.exists()
-                           else [])
-        else:
-            self._file = open(path, "a")
-
-    def write(self, line: str) -> None:
-        if not self.remote:
-            self._file.write(line + "\n")
-            self._file.flush()
-            return
-        self._lines.append(line + "\n")
-        if time.monotonic() - self._flushed > self.remote_flush_s:
-            self._flush_remote()
-
-    def _flush_remote(self) -> None:
-        files.write_text(self.path, "".join(self._lines))
-        self._flushed = time.monotonic()
-
-    def close(self) -> None:
-        if self.remote:
-            self._flush_remote()
-        else:
-            self._file.close()
+    events.truncate(os.path.join(workdir, TENSORBOARD_DIR), last_step, warn)
 
 
 class MetricWriter:
@@ -221,41 +159,27 @@ class MetricWriter:
     TensorBoard under DIR/tensorboard. A no-op on processes other than 0."""
 
     def __init__(self, workdir: str):
-        self.enabled = jax.process_index() == 0
+        self.enabled, self._workdir = jax.process_index() == 0, workdir
         if not self.enabled:
             return
         files.makedirs(workdir)
-        self._jsonl = _Jsonl(files.path(workdir) / METRICS_FILE)
-        self._directory = os.path.join(workdir, TENSORBOARD_DIR)
-        # Importing TensorFlow takes seconds, and a fine-tuning run needs it for TensorBoard
-        # only: it loads on a thread of its own while the first step compiles.
-        from bertjax.data import tensorflow
-        loader = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="import-tf")
-        self._tf = loader.submit(tensorflow)
-        loader.shutdown(wait=False)
-        self._summary = None
-
-    def _writer(self):
-        if self._summary is None:
-            self._tf = self._tf.result()
-            self._summary = self._tf.summary.create_file_writer(self._directory)
-        return self._summary
+        self._jsonl = files.AppendedFile(files.path(workdir) / METRICS_FILE)
+        self._events = None  # created by the first write, so a run that logs nothing has none
 
     def write(self, step: int, scalars: dict[str, float]) -> None:
         if not self.enabled:
             return
         record = {"step": int(step), **{k: float(v) for k, v in scalars.items()}}
-        self._jsonl.write(json.dumps(record))
-        with self._writer().as_default():
-            for name, value in scalars.items():
-                self._tf.summary.scalar(name, float(value), step=int(step))
-        self._summary.flush()
+        self._jsonl.write((json.dumps(record) + "\n").encode("utf-8"))
+        if self._events is None:
+            self._events = events.EventFile(os.path.join(self._workdir, TENSORBOARD_DIR))
+        self._events.scalars(step, scalars)
 
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
-            if self._summary is not None:
-                self._summary.close()
+            if self._events is not None:
+                self._events.close()
 
 
 class Console:

@@ -1,0 +1,92 @@
+"""TensorBoard event files: scalars written as training goes, and cut back to a step on resume.
+
+Written with the `tensorboard` package's own pieces (its Event and Summary protos, the scalar
+summary `tf.summary.scalar` writes, and its record writer), not through TensorFlow: fine-tuning
+needs TensorFlow for nothing else, and importing it cost a run seconds at start and at exit.
+The files go through the one file layer (`files.AppendedFile`), so they live wherever the
+workdir does; TensorBoard and `tf.data.TFRecordDataset` read them as TensorFlow's own.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import os
+import socket
+import struct
+import time
+from typing import Callable, Iterator
+
+from tensorboard.compat.proto import event_pb2
+from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+from tensorboard.plugins.scalar.summary_v2 import scalar_pb
+from tensorboard.summary.writer.record_writer import RecordWriter
+
+from bertjax import files
+
+FILE_PREFIX = "events.out.tfevents."
+_file_ids = itertools.count()  # two writers of one process in one second get two files
+
+
+class EventFile:
+    """A new event file in `directory` (created if need be), named as TensorFlow names them:
+    by creation time first, so a directory's files sort in the order they were written."""
+
+    def __init__(self, directory: str):
+        files.makedirs(directory)
+        name = (f"{FILE_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
+                f"{next(_file_ids):06d}.v2")
+        self._records = RecordWriter(files.AppendedFile(files.path(directory) / name))
+        self._records.write(event_pb2.Event(wall_time=time.time(),
+                                            file_version="brain.Event:2").SerializeToString())
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """One event per scalar, as `tf.summary.scalar` writes them."""
+        for name, value in values.items():
+            event = event_pb2.Event(wall_time=time.time(), step=int(step),
+                                    summary=scalar_pb(name, float(value)))
+            self._records.write(event.SerializeToString())
+
+    def close(self) -> None:
+        self._records.close()
+
+
+def _records(path: str, warn: Callable[[str], None]) -> Iterator[bytes]:
+    """The records of a TFRecord file (uint64 length, its masked CRC-32C, the data, the
+    data's masked CRC-32C). A record cut short or failing its checksums ends the file: a run
+    killed while writing leaves one at the end. `tensorboard` ships a writer of this framing
+    but reads only through TensorFlow or by file name, not from bytes of the file layer."""
+    data, offset = files.read_bytes(path), 0
+    while offset < len(data):
+        header = data[offset:offset + 12]
+        length = struct.unpack("<Q", header[:8])[0] if len(header) == 12 else -1
+        end = offset + 12 + length + 4
+        if (length < 0 or end > len(data)
+                or struct.unpack("<I", header[8:])[0] != masked_crc32c(header[:8])
+                or struct.unpack("<I", data[end - 4:end])[0] != masked_crc32c(
+                    data[offset + 12:end - 4])):
+            warn(f"{path}: dropped a partial last event (a run killed while writing)")
+            return
+        yield data[offset + 12:end - 4]
+        offset = end
+
+
+def truncate(directory: str, last_step: int, warn: Callable[[str], None]) -> None:
+    """Drops every summary after `last_step` from the event files in `directory`. The kept
+    events (and the first file's version event) take the place of the oldest file, so they
+    sort before a resumed run's new file; the others are removed."""
+    root = files.path(directory)
+    names = sorted(str(p) for p in root.glob(FILE_PREFIX + "*")) if root.is_dir() else []
+    if not names:
+        return
+    kept = io.BytesIO()
+    writer, first = RecordWriter(kept), True
+    for name in names:
+        for record in _records(name, warn):
+            event = event_pb2.Event.FromString(record)
+            if event.step <= last_step and (event.HasField("summary") or first):
+                writer.write(record)
+                first = False
+    files.write_bytes(names[0], kept.getvalue())
+    for name in names[1:]:
+        files.remove_tree(name)
