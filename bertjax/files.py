@@ -144,10 +144,13 @@ class AppendedFile:
         self.remote_flush_s, self._flushed = remote_flush_s, -math.inf
         if self.remote:
             self._data = bytearray(self.path.read_bytes() if self.path.exists() else b"")
+            self.size = len(self._data)
         else:
             self._file = open(self.path, "ab")
+            self.size = self._file.tell()
 
     def write(self, data: bytes) -> None:
+        self.size += len(data)
         if not self.remote:
             self._file.write(data)
             self._file.flush()

@@ -77,3 +77,20 @@ def test_a_half_written_or_damaged_last_event_is_dropped_with_a_warning(tmp_path
         # The last record held step 3's learning rate; every whole record before it is kept.
         assert logged_steps(workdir) == [1, 2, 3]
         assert logged_steps(workdir, "learning_rate") == [1, 2]
+
+
+def test_a_long_run_rolls_over_to_new_files_that_read_as_one(tmp_path):
+    directory = str(tmp_path / metrics.TENSORBOARD_DIR)
+    writer = events.EventFile(directory, roll_bytes=1000)
+    for step in range(1, 21):
+        writer.scalars(step, {"loss": 1.0 / step, "learning_rate": 1e-4})
+    writer.close()
+    assert len(event_files(tmp_path)) >= 3  # about 230 bytes a step
+    assert all(path.stat().st_size < 1000 + 300 for path in event_files(tmp_path))
+    assert logged_steps(tmp_path) == list(range(1, 21))
+    accumulator = event_accumulator.EventAccumulator(
+        directory, size_guidance={event_accumulator.TENSORS: 0})
+    accumulator.Reload()
+    assert [e.step for e in accumulator.Tensors("loss")] == list(range(1, 21))
+    events.truncate(directory, 12, [].append)
+    assert len(event_files(tmp_path)) == 1 and logged_steps(tmp_path) == list(range(1, 13))

@@ -29,19 +29,31 @@ _file_ids = itertools.count()  # two writers of one process in one second get tw
 
 
 class EventFile:
-    """A new event file in `directory` (created if need be), named as TensorFlow names them:
-    by creation time first, so a directory's files sort in the order they were written."""
+    """Event files in `directory` (created if need be), named as TensorFlow names them: by
+    creation time first, so a directory's files sort in the order they were written.
 
-    def __init__(self, directory: str):
+    A file that has reached `roll_bytes` is closed and a new one begun (TensorBoard reads
+    them all as one run): on gs://, where every flush rewrites the whole object, a week-long
+    run would otherwise upload an ever larger file every minute."""
+
+    def __init__(self, directory: str, roll_bytes: int = 4 << 20):
         files.makedirs(directory)
+        self._directory, self._roll_bytes = files.path(directory), roll_bytes
+        self._start_file()
+
+    def _start_file(self) -> None:
         name = (f"{FILE_PREFIX}{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}."
                 f"{next(_file_ids):06d}.v2")
-        self._records = RecordWriter(files.AppendedFile(files.path(directory) / name))
+        self._file = files.AppendedFile(self._directory / name)
+        self._records = RecordWriter(self._file)
         self._records.write(event_pb2.Event(wall_time=time.time(),
                                             file_version="brain.Event:2").SerializeToString())
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
         """One event per scalar, as `tf.summary.scalar` writes them."""
+        if self._file.size >= self._roll_bytes:
+            self._records.close()
+            self._start_file()
         for name, value in values.items():
             event = event_pb2.Event(wall_time=time.time(), step=int(step),
                                     summary=scalar_pb(name, float(value)))
