@@ -1,7 +1,7 @@
 """The one file layer: every file bertjax reads or writes, local and gs:// alike.
 
 Paths are `etils.epath` paths (with TensorFlow installed, gs:// goes through TensorFlow's
-Cloud Storage client, the one tf.data and TensorBoard use too), so a run's workdir, shards
+Cloud Storage client, the one tf.data uses too), so a run's workdir, shards
 and model directories may live in a bucket or on a local disk with the same code.
 
 Writes are atomic: a file is written under a temporary name beside its target and renamed

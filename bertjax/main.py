@@ -24,7 +24,7 @@ import importlib.util
 import os
 import sys
 
-# TensorFlow (the input pipeline, TensorBoard files) would print its C++ info lines.
+# TensorFlow (the input pipeline; gs:// paths) would print its C++ info lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging  # noqa: E402

@@ -61,6 +61,7 @@ def reference(tmp_path_factory):
     return records(workdir)
 
 
+@pytest.mark.xdist_group("faults_reference")  # one worker runs `reference` once
 @pytest.mark.parametrize("garbage", ["finite", "nan"])
 def test_a_corrupt_latest_checkpoint_is_named_and_the_run_falls_back(garbage, reference,
                                                                       tmp_path, capsys):
@@ -78,6 +79,7 @@ def test_a_corrupt_latest_checkpoint_is_named_and_the_run_falls_back(garbage, re
     assert records(tmp_path) == reference  # steps 5 and 6 done again, exactly
 
 
+@pytest.mark.xdist_group("faults_reference")  # one worker runs `reference` once
 def test_a_missing_checkpoint_item_falls_back_to_an_older_checkpoint(reference, tmp_path,
                                                                       capsys):
     run(tmp_path)
@@ -187,6 +189,7 @@ def _crash_then_resume(tmp_path, crash_at: int, checkpoint_every: int):
     return tmp_path / "run"
 
 
+@pytest.mark.xdist_group("faults_reference")  # one worker runs `reference` once
 @pytest.mark.parametrize("checkpoint_every", [100, 2])
 def test_a_killed_run_resumes_with_each_step_logged_once(checkpoint_every, reference, tmp_path,
                                                          capsys):
@@ -202,6 +205,7 @@ def test_a_killed_run_resumes_with_each_step_logged_once(checkpoint_every, refer
     assert sorted(event_steps(workdir)) == [1, 2, 3, 4, 5, 6]  # TensorBoard too
 
 
+@pytest.mark.xdist_group("faults_reference")  # one worker runs `reference` once
 def test_sigint_saves_and_the_run_resumes(reference, tmp_path):
     config = ph.tiny_config(checkpoint_every=100)
     data = ph.synthetic_data(config)

@@ -24,6 +24,9 @@ from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation, shards
 from bertjax.training import pretrain
 
+# Every test reads the module's one pretraining run: one worker computes it once.
+pytestmark = pytest.mark.xdist_group("pretrain_austen")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # configs/tiny.py made small enough to train in seconds; passed to the CLI as overrides.

@@ -38,6 +38,7 @@ def run(tmp_path_factory):
     return workdir, data, result
 
 
+@pytest.mark.xdist_group("seq2seq_run")  # one worker fine-tunes `run` once
 def test_run_scores_generations_and_writes_them(run):
     workdir, _, result = run
     final = result["results"]["dev"]["final"]["metrics"]
@@ -54,6 +55,7 @@ def test_run_scores_generations_and_writes_them(run):
     assert [r["prediction"] for r in again] == [r["prediction"] for r in records]
 
 
+@pytest.mark.xdist_group("seq2seq_run")  # one worker fine-tunes `run` once
 def test_predict_generate_cli_and_a_model_of_another_task(run, tmp_path):
     workdir, data, _ = run
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -14,7 +14,7 @@ PACKED_FEATURES = ("position_ids", "example_ids", "cls_positions", "next_sentenc
 def tensorflow():
     """TensorFlow, quiet and kept off the accelerators so it never takes memory JAX needs.
 
-    Every bertjax use of TensorFlow (the pipeline, shard writing, TensorBoard, TF checkpoint
+    Every bertjax use of TensorFlow (the pipeline, shard writing, TF checkpoint
     conversion) gets it from here; hiding devices only works before TF first touches them.
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
