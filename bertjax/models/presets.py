@@ -1,8 +1,10 @@
-"""Named model sizes: layers L and hidden H; heads = H/64, intermediate = 4H, as in BERT."""
+"""Named model sizes: layers L and hidden H; heads = H/64, intermediate = 4H, as in BERT.
+
+The config files read `sizes` through pretrain_config, and the launchers load those files to
+check a run before starting it: so this module imports no JAX or Flax until `preset`.
+"""
 
 from __future__ import annotations
-
-from bertjax.models.bert import BertConfig
 
 SIZES = {
     "tiny": (2, 128),
@@ -23,6 +25,7 @@ def sizes(name: str) -> dict[str, int]:
                 num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
 
 
-def preset(name: str, **overrides) -> BertConfig:
+def preset(name: str, **overrides):
     """The BertConfig of a named size; `overrides` replace any field (e.g. vocab_size)."""
+    from bertjax.models.bert import BertConfig
     return BertConfig(**{**sizes(name), **overrides})

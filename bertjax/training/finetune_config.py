@@ -11,13 +11,17 @@ write a tuple (`--config.task.text_columns="('#1 String', '#2 String')"`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax import files
-from bertjax.tasks import base as tasks
 from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout,
                                               check_profile_steps, check_remat_policy)
+
+if TYPE_CHECKING:
+    from bertjax.tasks.base import Task
 
 
 def defaults() -> ml_collections.ConfigDict:
@@ -162,8 +166,11 @@ def defaults() -> ml_collections.ConfigDict:
     return config
 
 
-def validate(config: ml_collections.ConfigDict) -> tasks.Task:
+def validate(config: ml_collections.ConfigDict) -> Task:
     """One clear error for the first value that cannot run; returns the task it names."""
+    # Imported here, not above: the task modules bring JAX, and the launchers load the config
+    # files (which import this module) only to parse them (see pretrain_config).
+    from bertjax.tasks import base as tasks
     task = tasks.get(config.task.type)(config.task)
     if not config.init_checkpoint:
         raise ValueError("init_checkpoint is empty: set it to a model directory (python -m "
@@ -202,7 +209,7 @@ def validate(config: ml_collections.ConfigDict) -> tasks.Task:
     return task
 
 
-def check_bucket_lengths(lengths, max_seq_length: int, task: tasks.Task) -> None:
+def check_bucket_lengths(lengths, max_seq_length: int, task: Task) -> None:
     if not lengths:
         return
     if (list(lengths) != sorted(set(lengths)) or lengths[0] < 1

@@ -8,13 +8,10 @@ reads `config.x.y` and never guesses; `validate` checks the values before anythi
 
 from __future__ import annotations
 
-import jax
 import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax.models import presets
-from bertjax.models.dropout import MASK_BITS
-from bertjax.training.trainer import DROPOUT_RNGS
 
 # Logical parameter axis -> mesh axes. 'batch' is the first axis of every input array.
 DEFAULT_RULES = (
@@ -132,7 +129,12 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+# The checks below import JAX and the modules built on it when they run, not at import: the
+# config files import this module, and the launchers load those files (in a child process,
+# one per launch) only to parse them, which then takes about a second instead of three.
 def check_dropout(model: ml_collections.ConfigDict) -> None:
+    from bertjax.models.dropout import MASK_BITS
+    from bertjax.training.trainer import DROPOUT_RNGS
     if model.dropout_rng not in DROPOUT_RNGS:
         raise ValueError(f"model.dropout_rng {model.dropout_rng!r}: expected one of "
                          f"{', '.join(DROPOUT_RNGS)}")
@@ -142,6 +144,7 @@ def check_dropout(model: ml_collections.ConfigDict) -> None:
 
 
 def check_remat_policy(name: str) -> None:
+    import jax
     if not hasattr(jax.checkpoint_policies, name):
         raise ValueError(f"model.remat_policy {name!r}: expected a name of "
                          f"jax.checkpoint_policies (nothing_saveable, "
