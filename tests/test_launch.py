@@ -518,3 +518,15 @@ def test_batch_job_is_resubmitted_only_after_preemption(tmp_path, scenario, subm
     assert len({flag(c, "--config") for c in submits}) == 1
     # The tasks' log lines are streamed from Cloud Logging, once each.
     assert result.stdout.splitlines() == [f"step 1 of uid-{name}" for name in submitted]
+
+
+def test_config_files_load_without_jax_so_the_launch_check_is_quick():
+    """The launchers parse the config in a child Python before creating anything; the config
+    files (pretraining and fine-tuning) must not pull in JAX, Flax or the task modules for
+    that, or every launch, dry run included, waits seconds for imports it does not use."""
+    probe = ("import sys, configs.base, configs.tiny, configs.finetune.classify, "
+             "configs.finetune.seq2seq; heavy = sorted({m.split('.')[0] for m in sys.modules} "
+             "& {'jax', 'flax', 'optax', 'orbax', 'tensorflow', 'torch'}); print(heavy)")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True,
+                            text=True, check=True)
+    assert result.stdout.strip() == "[]"
