@@ -6,6 +6,11 @@ check a run before starting it: so this module imports no JAX or Flax until `pre
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from bertjax.models.bert import BertConfig
+
 SIZES = {
     "tiny": (2, 128),
     "mini": (4, 256),
@@ -25,7 +30,7 @@ def sizes(name: str) -> dict[str, int]:
                 num_attention_heads=hidden // 64, intermediate_size=4 * hidden)
 
 
-def preset(name: str, **overrides):
+def preset(name: str, **overrides) -> BertConfig:
     """The BertConfig of a named size; `overrides` replace any field (e.g. vocab_size)."""
     from bertjax.models.bert import BertConfig
     return BertConfig(**{**sizes(name), **overrides})
