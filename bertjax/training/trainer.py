@@ -23,6 +23,7 @@ import numpy as np
 import optax
 
 from bertjax import files
+from bertjax.models import dropout
 from bertjax.tasks.features import bucket_length, trim
 from bertjax.training import checkpoints, integrity, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
@@ -54,17 +55,20 @@ class Objective:
     evaluate: Callable
 
 
-DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg")
+DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg", "counter_hash")
 
 
 def dropout_key(key: jax.Array, impl: str) -> jax.Array:
     """The dropout key of a (micro-)step, drawn from its threefry `key` (what checkpoints
-    hold, whatever `impl`): itself, or a key of JAX's `rbg` / `unsafe_rbg` generators seeded
-    from it, whose bits come from XLA's RngBitGenerator (cheap on TPUs and GPUs). A function
-    of (seed, step, micro-batch) either way, so a resumed run draws the same masks."""
+    hold, whatever `impl`): itself, or a key of another generator seeded from it: JAX's `rbg`
+    / `unsafe_rbg`, whose bits come from XLA's RngBitGenerator (cheap on TPUs and GPUs), or
+    `dropout.COUNTER_HASH` (cheap on CPUs). A function of (seed, step, micro-batch) either
+    way, so a resumed run draws the same masks."""
     if impl == "threefry":
         return key
-    return jax.random.wrap_key_data(jax.random.bits(key, (4,), jnp.uint32), impl=impl)
+    spec = dropout.COUNTER_HASH if impl == "counter_hash" else impl
+    words = 2 if impl == "counter_hash" else 4
+    return jax.random.wrap_key_data(jax.random.bits(key, (words,), jnp.uint32), impl=spec)
 
 
 def make_train_step(objective: Objective, tx: optax.GradientTransformation,
