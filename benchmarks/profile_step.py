@@ -3,6 +3,7 @@ fine-tuning.
 
   PYTHONPATH=. python benchmarks/profile_step.py                 # mini, B32, S128 (P20)
   PYTHONPATH=. python benchmarks/profile_step.py --size=base --batch=8 --steps=2
+  PYTHONPATH=. python benchmarks/profile_step.py --dropout_rng=counter_hash
 
 Each step (bertjax's jitted `train_step`, as the trainer runs it, on one device) is traced
 with the JAX profiler. XLA's CPU runtime records one event per executed HLO op (a "thunk":
@@ -23,7 +24,6 @@ import collections
 import os
 import re
 import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -175,7 +175,7 @@ def finetuning_step(config, batch: int, seq_len: int):
     return model, finetune.objective(model, task), tx, schedule, inputs
 
 
-def profile(label: str, built, config, steps: int, out: str, mesh) -> dict:
+def profile(label: str, built, config, steps: int, out: str, mesh, dropout_rng: str) -> dict:
     model, objective, tx, schedule, inputs = built
     init_args = [jnp.asarray(inputs[k][:1]) for k in tasks.INPUTS]
     if "masked_lm_positions" in inputs:
@@ -190,7 +190,7 @@ def profile(label: str, built, config, steps: int, out: str, mesh) -> dict:
         return jax.block_until_ready(placed)
 
     batch, rng = place(), jax.random.PRNGKey(1)
-    compiled = jax.jit(trainer.make_train_step(objective, tx, schedule, 1),
+    compiled = jax.jit(trainer.make_train_step(objective, tx, schedule, 1, dropout_rng),
                        donate_argnums=(0,)).lower(state, batch, rng).compile()
     holder = {"state": state}
 
@@ -263,6 +263,8 @@ def main() -> None:
     parser.add_argument("--vocab", type=int, default=30522)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--out", default="/tmp/bertjax_profile")
+    parser.add_argument("--dropout_rng", default="threefry", choices=trainer.DROPOUT_RNGS,
+                        help="model.dropout_rng of both steps")
     args = parser.parse_args()
 
     config = presets.preset(args.size, vocab_size=args.vocab)
@@ -273,13 +275,14 @@ def main() -> None:
     print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
-          f"seq {args.seq_len}, predictions {args.predictions}, dropout 0.1, f32")
+          f"seq {args.seq_len}, predictions {args.predictions}, dropout 0.1 "
+          f"({args.dropout_rng} bits), f32")
     results = {
         "pretrain": profile("pretrain", pretraining_step(config, args.batch, args.seq_len,
                                                          args.predictions),
-                            config, args.steps, args.out, mesh),
+                            config, args.steps, args.out, mesh, args.dropout_rng),
         "finetune": profile("finetune", finetuning_step(config, args.batch, args.seq_len),
-                            config, args.steps, args.out, mesh)}
+                            config, args.steps, args.out, mesh, args.dropout_rng)}
     flops = {"pretrain": metrics.pretraining_flops_per_sequence(config, args.seq_len,
                                                                 args.predictions),
              "finetune": metrics.encoder_flops_per_sequence(config, args.seq_len)}
