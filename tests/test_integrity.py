@@ -14,13 +14,16 @@ def _tree():
     rng = np.random.default_rng(0)
     mesh = Mesh(np.array(jax.devices()), ("data",))
     return {
-        "f32": jnp.asarray(rng.normal(size=(64, 33)), jnp.float32),
-        "bf16": jnp.asarray(rng.normal(size=(7, 5)), jnp.bfloat16),
+        # Past integrity._COLUMNS words, and an exact multiple of it: the host sum's rows.
+        "f32": jnp.asarray(rng.normal(size=(130, 97)), jnp.float32),
+        "rows": jnp.asarray(rng.normal(size=(2, 4096)), jnp.float32),
+        "bf16": jnp.asarray(rng.normal(size=(70, 150)), jnp.bfloat16),
         "int32": jnp.arange(-5, 100, dtype=jnp.int32),
         "uint8": jnp.arange(300, dtype=jnp.uint8),
         "bool": jnp.array([True, False, True]),
         "step": jnp.int32(41),
         "nan": jnp.array([1.0, np.nan], jnp.float32),
+        "inf": jnp.zeros(5000, jnp.float32).at[4500].set(-np.inf),
         "host": rng.normal(size=(3, 4)).astype(np.float32),
         "sharded": jax.device_put(jnp.asarray(rng.normal(size=(16, 8)), jnp.float32),
                                   NamedSharding(mesh, PartitionSpec("data"))),
@@ -38,22 +41,13 @@ def test_host_and_device_fingerprints_agree_and_notice_one_changed_word():
     tree = _tree()
     found = integrity.fingerprints(tree)  # CPU arrays, one process: the NumPy path
     assert found == _on_devices(tree)
-    assert integrity.non_finite(found) == ["nan"]
+    assert integrity.non_finite(found) == ["inf", "nan"]
 
     changed = dict(tree, f32=tree["f32"].at[17, 3].add(1e-6),
                    sharded=tree["sharded"].at[15, 7].set(0.0))
     assert integrity.mismatches(integrity.fingerprints(changed), found) == ["f32", "sharded"]
-    # Two words swapped: same values, other order, other checksum.
-    swapped = dict(tree, int32=tree["int32"][jnp.array([1, 0, *range(2, 105)])])
-    assert integrity.mismatches(integrity.fingerprints(swapped), found) == ["int32"]
-
-
-def test_trees_past_the_host_limit_take_the_jitted_reduction(monkeypatch):
-    tree = _tree()
-    small = integrity.fingerprints(tree)
-    calls = []
-    reduce = integrity._reduce
-    monkeypatch.setattr(integrity, "_reduce", lambda leaves: calls.append(1) or reduce(leaves))
-    assert integrity.fingerprints(tree) == small and not calls
-    monkeypatch.setattr(integrity, "HOST_ELEMENTS", 100)
-    assert integrity.fingerprints(tree) == small and calls == [1]
+    # Two words swapped: same values, other order, other checksum (in a row of the host sum,
+    # and in a column).
+    swapped = dict(tree, int32=tree["int32"][jnp.array([1, 0, *range(2, 105)])],
+                   rows=tree["rows"][::-1])
+    assert integrity.mismatches(integrity.fingerprints(swapped), found) == ["int32", "rows"]
