@@ -55,7 +55,10 @@ class Objective:
     evaluate: Callable
 
 
-DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg", "counter_hash")
+# model.dropout_rng -> (its JAX generator, 32-bit words of its key); threefry is the step key.
+_DROPOUT_GENERATORS = {"rbg": ("rbg", 4), "unsafe_rbg": ("unsafe_rbg", 4),
+                       "counter_hash": (dropout.COUNTER_HASH, 2)}
+DROPOUT_RNGS = ("threefry", *_DROPOUT_GENERATORS)
 
 
 def dropout_key(key: jax.Array, impl: str) -> jax.Array:
@@ -66,9 +69,8 @@ def dropout_key(key: jax.Array, impl: str) -> jax.Array:
     way, so a resumed run draws the same masks."""
     if impl == "threefry":
         return key
-    spec = dropout.COUNTER_HASH if impl == "counter_hash" else impl
-    words = 2 if impl == "counter_hash" else 4
-    return jax.random.wrap_key_data(jax.random.bits(key, (words,), jnp.uint32), impl=spec)
+    generator, words = _DROPOUT_GENERATORS[impl]
+    return jax.random.wrap_key_data(jax.random.bits(key, (words,), jnp.uint32), impl=generator)
 
 
 def make_train_step(objective: Objective, tx: optax.GradientTransformation,
