@@ -16,10 +16,6 @@ from bertjax.models.heads import BertForPreTraining
 from bertjax.training import checkpoints, finetune_config
 from task_data import austen_paragraphs, wordpiece
 
-# Each run jits its steps afresh; a persistent compilation cache makes the repeats cheap.
-jax.config.update("jax_compilation_cache_dir",
-                  os.path.join(tempfile.gettempdir(), "bertjax-test-compilation-cache"))
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=64)
@@ -27,8 +23,9 @@ TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_att
 
 def tiny_pretraining_params(seed: int = 0):
     ids = jnp.zeros((1, 8), jnp.int32)
-    return nn.unbox(BertForPreTraining(TINY).init(jax.random.PRNGKey(seed), ids, ids, ids,
-                                                  jnp.zeros((1, 2), jnp.int32))["params"])
+    init = jax.jit(BertForPreTraining(TINY).init)  # eagerly, each small op compiles on its own
+    return nn.unbox(init(jax.random.PRNGKey(seed), ids, ids, ids,
+                         jnp.zeros((1, 2), jnp.int32))["params"])
 
 
 def tiny_model_dir(directory: str) -> str:

@@ -8,21 +8,9 @@ global row), so any number of processes can each build their own rows of the sam
 
 from __future__ import annotations
 
-import os
-import tempfile
-
-import jax
 import numpy as np
 
 from bertjax.training import pretrain, pretrain_config
-
-# Tests compile the same small programs many times, in this process and in subprocesses:
-# a persistent compilation cache makes the repeats cheap without changing any result.
-COMPILATION_CACHE = os.path.join(tempfile.gettempdir(), "bertjax-test-compilation-cache")
-jax.config.update("jax_compilation_cache_dir", COMPILATION_CACHE)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-CACHE_ENV = {"JAX_COMPILATION_CACHE_DIR": COMPILATION_CACHE,
-             "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}  # for subprocesses
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 FIRST_WORD = 5

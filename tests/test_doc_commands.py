@@ -25,7 +25,6 @@ from pathlib import Path
 import pytest
 
 from config_commands import parse
-from pretrain_helpers import CACHE_ENV
 from test_platforms import SOURCE_ONLY
 from bertjax import main as bertjax_main
 
@@ -153,7 +152,7 @@ def test_the_readme_demo_runs_as_pasted(tmp_path):
         lines.append(line)
     result = subprocess.run(["bash", "-e", "-c", "\n".join(lines)], cwd=REPO, timeout=600,
                             capture_output=True, text=True,
-                            env={**os.environ, **CACHE_ENV, "PYTHONPATH": ""})
+                            env={**os.environ, "PYTHONPATH": ""})
     assert result.returncode == 0, result.stderr[-3000:]
     # Three texts, each with its blank filled by the model just trained.
     assert result.stdout.count("[MASK]") >= 3, result.stdout

@@ -182,7 +182,7 @@ def _crash_then_resume(tmp_path, crash_at: int, checkpoint_every: int):
         "data.train = lambda p: Killed(train(p))\n"
         f"pretrain.train(config, {str(tmp_path / 'run')!r}, data)\n")
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-           "JAX_NUM_CPU_DEVICES": "8", **ph.CACHE_ENV}  # the devices this process has
+           "JAX_NUM_CPU_DEVICES": "8"}  # the devices this process has
     killed = subprocess.run([sys.executable, str(driver)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

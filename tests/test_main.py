@@ -139,8 +139,7 @@ def run_two_processes(workdir, *args):
          *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONPATH": f"{ROOT}:{ROOT}/tests", "JAX_PLATFORMS": "cpu",
              "JAX_NUM_CPU_DEVICES": "2", "BERTJAX_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-             "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i),
-             **ph.CACHE_ENV})
+             "BERTJAX_NUM_PROCESSES": "2", "BERTJAX_PROCESS_ID": str(i)})
         for i in range(2)]
     outputs = [w.communicate(timeout=300)[0] for w in workers]
     if any(GLOO_MISSED in o for o in outputs):

@@ -1,5 +1,6 @@
 """The encoder and pretraining heads: shapes at odd sizes, padding, gathered MLM, presets."""
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -26,8 +27,14 @@ def _batch(seed=0, lengths=(7, 5, 3)):
     return jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(segments), jnp.asarray(positions)
 
 
+# Jitted, as every run applies a model: eagerly, each of its hundreds of small ops would be
+# compiled on its own, seconds a test on a CPU.
 def _init(model, *args):
-    return nn.unbox(model.init(jax.random.key(0), *args))
+    return nn.unbox(jax.jit(model.init)(jax.random.key(0), *args))
+
+
+def _apply(model, params, *args, **kwargs):
+    return jax.jit(functools.partial(model.apply, **kwargs))(params, *args)
 
 
 @pytest.mark.parametrize("pre_ln", [False, True])
@@ -36,10 +43,10 @@ def test_odd_sizes_give_expected_shapes(pre_ln):
     ids, mask, seg, pos = _batch()
     model = BertForPreTraining(config)
     params = _init(model, ids, mask, seg, pos)
-    out = model.apply(params, ids, mask, seg, pos)
+    out = _apply(model, params, ids, mask, seg, pos)
     assert out["mlm_logits"].shape == (B, P, 99) and out["mlm_logits"].dtype == jnp.float32
     assert out["nsp_logits"].shape == (B, 2)
-    seq, pooled = BertModel(config).apply({"params": params["params"]["bert"]}, ids, mask, seg)
+    seq, pooled = _apply(BertModel(config), {"params": params["params"]["bert"]}, ids, mask, seg)
     assert seq.shape == (B, L, 32) and pooled.shape == (B, 32)
     assert np.all(np.isfinite(seq))
 
@@ -48,15 +55,15 @@ def test_padding_does_not_change_outputs_at_real_positions():
     ids, mask, seg, _ = _batch(lengths=(4, 4, 4))
     model = BertModel(ODD)
     params = _init(model, ids, mask, seg)
-    seq, pooled = model.apply(params, ids, mask, seg)
+    seq, pooled = _apply(model, params, ids, mask, seg)
     # Same real tokens, different junk in the padded positions.
     junk_ids = jnp.where(mask == 1, ids, 77)
     junk_seg = jnp.where(mask == 1, seg, 1)
-    seq2, pooled2 = model.apply(params, junk_ids, mask, junk_seg)
+    seq2, pooled2 = _apply(model, params, junk_ids, mask, junk_seg)
     np.testing.assert_allclose(seq[:, :4], seq2[:, :4], atol=1e-6)
     np.testing.assert_allclose(pooled, pooled2, atol=1e-6)
     # And a shorter sequence with no padding at all gives the same real outputs.
-    seq3, _ = model.apply(params, ids[:, :4], mask[:, :4], seg[:, :4])
+    seq3, _ = _apply(model, params, ids[:, :4], mask[:, :4], seg[:, :4])
     np.testing.assert_allclose(seq[:, :4], seq3, atol=1e-5)
 
 
@@ -64,9 +71,9 @@ def test_mlm_on_gathered_positions_equals_full_sequence_computation():
     ids, mask, seg, pos = _batch()
     model = BertForPreTraining(ODD)
     params = _init(model, ids, mask, seg, pos)
-    gathered = model.apply(params, ids, mask, seg, pos)["mlm_logits"]
+    gathered = _apply(model, params, ids, mask, seg, pos)["mlm_logits"]
     every = jnp.tile(jnp.arange(L)[None], (B, 1))
-    full = model.apply(params, ids, mask, seg, every)["mlm_logits"]
+    full = _apply(model, params, ids, mask, seg, every)["mlm_logits"]
     np.testing.assert_allclose(gathered, gather_positions(full, pos), atol=1e-5)
 
 
@@ -79,9 +86,9 @@ def test_mlm_decoder_is_tied_to_word_embeddings():
     assert len(vocab_matrices) == 1, vocab_matrices  # only word_embeddings, no separate decoder
 
     def mlm_sum(p):
-        return model.apply(p, ids, mask, seg, pos)["mlm_logits"].sum()
+        return _apply(model, p, ids, mask, seg, pos)["mlm_logits"].sum()
 
-    grads = jax.grad(mlm_sum)(params)
+    grads = jax.jit(jax.grad(mlm_sum))(params)
     word_grad = grads["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
     # Every vocabulary row gets decoder gradient, not only the rows of the input tokens.
     assert np.all(np.abs(np.asarray(word_grad)).sum(axis=1) > 0)
@@ -91,9 +98,10 @@ def test_dropout_is_active_only_when_not_deterministic():
     ids, mask, seg, pos = _batch()
     model = BertForPreTraining(ODD)
     params = _init(model, ids, mask, seg, pos)
-    det = model.apply(params, ids, mask, seg, pos)["mlm_logits"]
-    run = lambda k: model.apply(params, ids, mask, seg, pos, deterministic=False,
-                                rngs={"dropout": jax.random.key(k)})["mlm_logits"]
+    det = _apply(model, params, ids, mask, seg, pos)["mlm_logits"]
+    dropped = jax.jit(lambda key: model.apply(params, ids, mask, seg, pos, deterministic=False,
+                                              rngs={"dropout": key})["mlm_logits"])
+    run = lambda k: dropped(jax.random.key(k))
     assert not np.allclose(det, run(1))
     np.testing.assert_array_equal(run(1), run(1))
     assert not np.allclose(run(1), run(2))
@@ -102,19 +110,19 @@ def test_dropout_is_active_only_when_not_deterministic():
 def test_remat_and_bfloat16_compute_keep_the_function():
     ids, mask, seg, pos = _batch()
     params = _init(BertForPreTraining(ODD), ids, mask, seg, pos)
-    base = BertForPreTraining(ODD).apply(params, ids, mask, seg, pos)["mlm_logits"]
-    remat = BertForPreTraining(dataclasses.replace(ODD, remat=True)).apply(
-        params, ids, mask, seg, pos)["mlm_logits"]
+    base = _apply(BertForPreTraining(ODD), params, ids, mask, seg, pos)["mlm_logits"]
+    remat = _apply(BertForPreTraining(dataclasses.replace(ODD, remat=True)),
+                   params, ids, mask, seg, pos)["mlm_logits"]
     np.testing.assert_allclose(base, remat, atol=1e-6)
-    bf16 = BertForPreTraining(dataclasses.replace(ODD, dtype=jnp.bfloat16)).apply(
-        params, ids, mask, seg, pos)["mlm_logits"]
+    bf16 = _apply(BertForPreTraining(dataclasses.replace(ODD, dtype=jnp.bfloat16)),
+                  params, ids, mask, seg, pos)["mlm_logits"]
     assert bf16.dtype == jnp.float32  # logits come back in float32 for the loss
     np.testing.assert_allclose(base, bf16, atol=0.1)
 
 
 def test_every_parameter_has_logical_axis_names():
     ids, mask, seg, pos = _batch()
-    boxed = BertForPreTraining(ODD).init(jax.random.key(0), ids, mask, seg, pos)
+    boxed = jax.jit(BertForPreTraining(ODD).init)(jax.random.key(0), ids, mask, seg, pos)
     leaves = jax.tree_util.tree_leaves(boxed, is_leaf=lambda x: isinstance(x, nn.Partitioned))
     assert leaves and all(isinstance(x, nn.Partitioned) for x in leaves)
     assert all(len(x.names) == x.value.ndim for x in leaves)

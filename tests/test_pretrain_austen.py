@@ -18,7 +18,6 @@ import pytest
 import tensorflow as tf
 from tensorflow.core.util import event_pb2
 
-import pretrain_helpers as ph
 from bertjax.training import inference
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation, shards
@@ -120,8 +119,7 @@ def test_sigterm_mid_run_then_rerun_gives_the_uninterrupted_losses(austen, refer
                f"--workdir={workdir}", f"--config.data.shard_dir={austen}"]
     command += [f"--config.{k}={v}" for k, v in OVERRIDES.items()]
     env = {**os.environ, "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu",
-           "JAX_NUM_CPU_DEVICES": str(len(jax.devices())),
-           **ph.CACHE_ENV}
+           "JAX_NUM_CPU_DEVICES": str(len(jax.devices()))}
     first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     metrics_file = os.path.join(workdir, "metrics.jsonl")

@@ -9,7 +9,6 @@ import sys
 import numpy as np
 import pytest
 
-import pretrain_helpers  # noqa: F401  (the shared compilation cache)
 from config_commands import ROOT, docstring_commands, parse
 from bertjax import main
 from bertjax.training import checkpoints

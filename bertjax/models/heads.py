@@ -76,9 +76,10 @@ class BertForPreTraining(nn.Module):
 def init_params(model: nn.Module, rng) -> dict:
     """The (logically partitioned) parameters of any model of this package, initialised from
     dummy inputs (parameter shapes do not depend on the input's). A model taking more than
-    the three encoder inputs says how many in `num_inputs`."""
+    the three encoder inputs says how many in `num_inputs`. Jitted: run eagerly, each of the
+    initialisers' hundreds of small ops would be compiled on its own (seconds on a CPU)."""
     ids = jnp.zeros((1, 1), jnp.int32)
-    return model.init(rng, *(ids,) * getattr(model, "num_inputs", 3))["params"]
+    return jax.jit(model.init)(rng, *(ids,) * getattr(model, "num_inputs", 3))["params"]
 
 
 def param_shapes(model: nn.Module) -> dict:
