@@ -7,7 +7,6 @@ labelled utterances, and the held-out conversations are scored against the class
 built from the same labelled utterances. CI-sized: the pretraining learns little in its
 minutes, so most of what the models know comes from the labelled utterances, as the
 baselines' does; benchmarks/finetune_vs_transformers.py runs the full-sized comparison."""
-import filelock
 import jax
 import pytest
 
@@ -24,6 +23,7 @@ EPOCHS = 10
 # token accuracy 0.877 against 0.859. Unpacked (32 padded rows a step) they were 0.900 and 0.880.
 SEGMENTATION_MARGIN = 0.02
 POS_MARGIN = 0.01
+pytestmark = pytest.mark.xdist_group("cantonese")
 
 
 @pytest.fixture(scope="module")
@@ -32,16 +32,12 @@ def hkcancor():
 
 
 @pytest.fixture(scope="module")
-def cantonese(tmp_path_factory, worker_id, hkcancor):
-    """The pretraining workdir of a BERT pretrained on the raw training utterances. The two
-    tests usually run on different xdist workers: the first to get here pretrains into the
-    run's shared temp folder (the parent of each worker's own) and the other waits and reuses
-    it, as pytest-xdist documents for session fixtures, saving the 90 s pretraining once."""
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent
-    with filelock.FileLock(str(shared / "cantonese.lock")):
-        return cantonese_bert.pretrain(str(shared / "cantonese"), hkcancor["train"],
-                                       PRETRAIN_STEPS, hidden=128)
+def cantonese(tmp_path_factory, hkcancor):
+    """The pretraining workdir of a BERT pretrained on the raw training utterances, built once
+    for both tests (they share an xdist group, so one worker runs both while the other goes on
+    with the rest of the suite, instead of waiting for the other's pretraining)."""
+    return cantonese_bert.pretrain(str(tmp_path_factory.mktemp("cantonese")), hkcancor["train"],
+                                   PRETRAIN_STEPS, hidden=128)
 
 
 def _finetune(config_file, workdir, init, train_file, eval_file, epochs):
