@@ -8,24 +8,19 @@ import tempfile
 
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from bertjax.models.bert import BertConfig
-from bertjax.models.heads import BertForPreTraining
+from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, finetune_config
 from task_data import austen_paragraphs, wordpiece
-
 
 TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=64)
 
 
 def tiny_pretraining_params(seed: int = 0):
-    ids = jnp.zeros((1, 8), jnp.int32)
-    init = jax.jit(BertForPreTraining(TINY).init)  # eagerly, each small op compiles on its own
-    return nn.unbox(init(jax.random.PRNGKey(seed), ids, ids, ids,
-                         jnp.zeros((1, 2), jnp.int32))["params"])
+    return nn.unbox(init_params(BertForPreTraining(TINY), jax.random.PRNGKey(seed)))
 
 
 def tiny_model_dir(directory: str) -> str:
