@@ -75,9 +75,12 @@ def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions
 
 
 def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:
-    """Best-of FLOP/s of a [size, size] matmul in `dtype` on the default device."""
+    """Best-of FLOP/s of a [size, size] matmul of `dtype` inputs on the default device,
+    accumulated and returned in float32: how matrix units (GPU tensor cores, TPU MXUs, CPU
+    AMX) run bf16 at their peak. XLA:CPU upcasts a bf16 dot with a bf16 result to float32
+    first, which would understate a bf16 peak 2-4x (benchmarks/matmul_dtypes.py)."""
     x = jax.random.normal(jax.random.PRNGKey(0), (size, size), dtype)
-    matmul = jax.jit(lambda a: a @ a)
+    matmul = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     matmul(x).block_until_ready()
     best = math.inf
     for _ in range(repeats):
