@@ -26,6 +26,7 @@ import sys
 
 # TensorFlow (the input pipeline; gs:// paths) would print its C++ info lines.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # announced on stderr at any log level
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -3,6 +3,11 @@
 import functools
 import os
 
+# Every module of this package imports TensorFlow: quiet before the first import. Both are
+# needed: TensorFlow announces its oneDNN kernels on stderr whatever the log level.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
 # A pretraining batch: the original release's names.
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
@@ -12,13 +17,11 @@ PACKED_FEATURES = ("position_ids", "example_ids", "cls_positions", "next_sentenc
 
 @functools.cache
 def tensorflow():
-    """TensorFlow, quiet and kept off the accelerators so it never takes memory JAX needs.
+    """TensorFlow, kept off the accelerators so it never takes memory JAX needs.
 
     Every bertjax use of TensorFlow (the pipeline, shard writing, TF checkpoint
     conversion) gets it from here; hiding devices only works before TF first touches them.
     """
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # else it announces itself on stderr
     import tensorflow as tf
     for kind in ("GPU", "TPU"):
         try:
