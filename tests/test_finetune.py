@@ -4,6 +4,7 @@ head learning-rate multiplier, and clear errors."""
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -234,6 +235,8 @@ def test_command_line_fine_tunes_and_predicts(tmp_path, tiny_dir, files):
     # A pod user can tell a slow compile from a hang: what runs where, and the first step.
     assert "process 0 of 1 | " in run.stdout and " parameters, float32 compute" in run.stdout
     assert "first step (compiling included) in" in run.stdout
+    # MFU is a fraction of some peak: the start-up line says which.
+    assert re.search(r"MFU against a peak of [\d,]+ GFLOP/s", run.stdout)
     assert list((workdir / "profile").rglob("*.xplane.pb")), "no trace of steps 1-2"
     assert list((tmp_path / "jax-cache").iterdir()), "nothing in the compilation cache"
     assert json.loads((workdir / "eval_results.json").read_text())["sets"]["dev"]["final"]

@@ -221,7 +221,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
                                   train_cfg.peak_flops_per_device)
     log = metrics_lib.TrainingLog(workdir, total, train_cfg.log_every, batch_size, flops, peak,
                                   config.quiet, host_state.get("window", []))
-    log.console.print(trainer.describe(cfg.dtype))
+    log.console.print(trainer.describe(cfg.dtype, peak))
 
     def evaluate(at: int, sets: list[tasks.TaskSet]) -> None:
         for taskset in sets:

@@ -220,7 +220,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
     log = metrics_lib.TrainingLog(workdir, train_cfg.num_steps, train_cfg.log_every,
                                   batch_size, flops, peak, config.quiet,
                                   host_state.get("window", []))
-    log.console.print(trainer.describe(cfg.dtype))
+    log.console.print(trainer.describe(cfg.dtype, peak))
 
     def evaluate(at: int) -> None:
         totals = None

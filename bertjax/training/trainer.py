@@ -245,15 +245,17 @@ class Trainer:
 
     # --- the loop ----------------------------------------------------------------------------
 
-    def describe(self, compute_dtype) -> str:
-        """The run's start-up line: processes, devices, mesh, model size, batch."""
+    def describe(self, compute_dtype, peak_flops: float) -> str:
+        """The run's start-up line: processes, devices, mesh, model size, batch, and the peak
+        the progress line's MFU is counted against."""
         devices = list(self.mesh.devices.flat)
         mesh = " x ".join(f"{n} {a}" for a, n in self.mesh.shape.items())
         params = sum(x.size for x in jax.tree.leaves(self.abstract_params))
         return (f"process {jax.process_index()} of {jax.process_count()} | {len(devices)} "
                 f"{devices[0].platform} devices ({devices[0].device_kind}) | mesh {mesh} | "
                 f"{params:,} parameters, {jnp.dtype(compute_dtype).name} compute | global batch "
-                f"{self.global_batch_size}")
+                f"{self.global_batch_size} | MFU against a peak of {peak_flops / 1e9:,.0f} "
+                f"GFLOP/s")
 
     def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog, *,
             eval_due: Callable[[int], bool], save_due: Callable[[int], bool],
