@@ -3,6 +3,7 @@
 
 import functools
 import os
+import re
 import subprocess
 import sys
 
@@ -123,6 +124,9 @@ def test_missing_heads_are_reported_and_initialised_like_the_model(minilm_dir):
     for path in heads:
         assert path in proc.stderr
     assert "bert/" not in proc.stderr.split("initialised fresh")[1].splitlines()[0]
+    # Those lines are what the user reads: no library's log lines (absl's "W1205 12:01:41...")
+    # beside them.
+    assert not [line for line in proc.stderr.splitlines() if re.match(r"[IWE]\d{4} ", line)]
     config, params = checkpoints.load_model(minilm_dir[0])
     kernel = np.asarray(params["mlm"]["transform"]["kernel"])
     # The original's truncated normal: initializer_range is the untruncated sigma, so the

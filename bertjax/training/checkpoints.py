@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import logging
 import os
 import signal
 import threading
@@ -100,10 +101,17 @@ def _whole_arrays_on_cpu() -> None:
     that hosts share the writes) only adds a compiled slice per array shape and replica: 80
     compiles, about 4 s, on the first save of a small model over 8 devices. Orbax already
     turns it off on GPUs; this turns it off on CPUs, leaving TPUs as Orbax sets them."""
-    if jax.devices()[0].platform == "cpu":
+    if jax.devices()[0].platform != "cpu":
+        return
+    absl_logger = logging.getLogger("absl")  # Orbax warns of every override, on every run
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
         ocp.type_handlers.register_type_handler(
             jax.Array, ocp.type_handlers.ArrayHandler(use_replica_parallel=False),
             override=True)
+    finally:
+        absl_logger.setLevel(level)
 
 
 def save_params(path: str, params: Any) -> None:
