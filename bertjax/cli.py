@@ -10,6 +10,12 @@ import contextlib
 import os
 import sys
 
+# TensorFlow (the input pipeline; gs:// paths through etils) announces itself on stderr: its
+# C++ info lines, and its oneDNN kernels whatever the log level. Every tool imports this file
+# before anything imports TensorFlow (bertjax.data sets the same for library use).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
 PREEMPTED = 75  # EX_TEMPFAIL: stopped by SIGTERM/SIGINT after saving; resume by rerunning
 
 # Bad input, bad files, full or read-only disks, divergence: what a user can act on.

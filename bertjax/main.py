@@ -24,14 +24,10 @@ import importlib.util
 import os
 import sys
 
-# TensorFlow (the input pipeline; gs:// paths) would print its C++ info lines.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # announced on stderr at any log level
+from absl import app, flags, logging
+from ml_collections import config_flags
 
-from absl import app, flags, logging  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
-
-from bertjax import cli  # noqa: E402
+from bertjax import cli
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)

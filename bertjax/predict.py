@@ -31,15 +31,9 @@ raw sentence a line); `--output` writes one JSON record per example.
 
 from __future__ import annotations
 
-import os
+from absl import app, flags, logging
 
-# TensorFlow (the input pipeline; gs:// paths) would print its C++ info lines.
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")  # announced on stderr at any log level
-
-from absl import app, flags, logging  # noqa: E402
-
-from bertjax import cli  # noqa: E402
+from bertjax import cli
 
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Model directory or pretraining workdir.")
 _TEXT = flags.DEFINE_multi_string(
