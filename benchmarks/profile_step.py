@@ -285,7 +285,8 @@ def main() -> None:
                             config, args.steps, args.out, mesh, args.dropout_rng)}
     flops = {"pretrain": metrics.pretraining_flops_per_sequence(config, args.seq_len,
                                                                 args.predictions),
-             "finetune": metrics.encoder_flops_per_sequence(config, args.seq_len)}
+             "finetune": metrics.encoder_flops_per_sequence(
+                 config, args.seq_len, BertForSequenceClassification.read_positions)}
     print_table(results, flops, peak)
     print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end; traces in {args.out}")
 

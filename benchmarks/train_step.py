@@ -5,6 +5,7 @@ Face Flax vs PyTorch.
   PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
   PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
   PYTHONPATH=. python benchmarks/train_step.py --only=bertjax,keras_hub --dropout_mask_bits=16,32
+  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax,keras_hub --sparse_last_layer=0,1
 
 On a GPU, bf16 compute (parameters stay f32) for the JAX frameworks, BERT-base then
 BERT-large beside NVIDIA's published BERT-large figure:
@@ -248,6 +249,9 @@ def main() -> None:
     parser.add_argument("--dropout_rngs", default="threefry")
     # ... and once per mask width named (model.dropout_mask_bits).
     parser.add_argument("--dropout_mask_bits", default="16")
+    # ... and with the last layer at every position (0) or at the read ones (1, the default:
+    # model.sparse_last_layer).
+    parser.add_argument("--sparse_last_layer", default="1")
     # Compute dtype of the JAX frameworks; the PyTorch and KerasHub steps here are f32 only.
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = parser.parse_args()
@@ -279,32 +283,40 @@ def main() -> None:
     names = {"bertjax": "bertjax", "keras_hub": "KerasHub BertMaskedLM (JAX, no NSP)",
              "hf_flax": "HF FlaxBertForPreTraining",
              "torch": "HF BertForPreTraining (PyTorch)"}
-    steps = {}
+    steps, step_flops = {}, {}
     for key in args.only.split(","):
         if key != "bertjax":
-            steps[key] = builders[key](config, inputs)
+            steps[key], step_flops[key] = builders[key](config, inputs), flops
             continue
         for rng in args.dropout_rngs.split(","):
             for bits in map(int, args.dropout_mask_bits.split(",")):
-                kinds = [f"{rng} dropout"] * (rng != "threefry") + [f"{bits}-bit masks"] * (
-                    bits != config.dropout_mask_bits)
-                variant = f"{key} ({', '.join(kinds)})" if kinds else key
-                names[variant] = variant
-                steps[variant] = bertjax_step(
-                    dataclasses.replace(config, dropout_mask_bits=bits), inputs, rng)
+                for sparse in map(int, args.sparse_last_layer.split(",")):
+                    kinds = ([f"{rng} dropout"] * (rng != "threefry")
+                             + [f"{bits}-bit masks"] * (bits != config.dropout_mask_bits)
+                             + ["full last layer"] * (not sparse))
+                    variant = f"{key} ({', '.join(kinds)})" if kinds else key
+                    names[variant] = variant
+                    variant_config = dataclasses.replace(config, dropout_mask_bits=bits,
+                                                         sparse_last_layer=bool(sparse))
+                    steps[variant] = bertjax_step(variant_config, inputs, rng)
+                    # MFU counts what the variant needs: fewer FLOPs for a sparse last layer.
+                    step_flops[variant] = metrics.pretraining_flops_per_sequence(
+                        variant_config, args.seq_len, args.predictions)
     seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
     rates = {key: args.batch / s for key, s in seconds.items()}
     for key, rate in rates.items():
+        used = rate * step_flops[key]
         print(f"{names[key]:36s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
-              f"MFU {100 * rate * flops / peak:5.1f}% of measured"
-              + (f", {100 * rate * flops / table_peak:5.1f}% of table peak" if table_peak
+              f"MFU {100 * used / peak:5.1f}% of measured"
+              + (f", {100 * used / table_peak:5.1f}% of table peak" if table_peak
                  else "") + ")")
     if device.platform == "gpu":
         print(f"reference: {NVIDIA_BERT_LARGE}")
-    if "bertjax" in rates:
-        for key in rates:
-            if key != "bertjax":
-                print(f"bertjax / {names[key]}: {rates['bertjax'] / rates[key]:.2f}x")
+    ours = [key for key in rates if key.startswith("bertjax")]
+    for key in ours:
+        for other in rates:
+            if other != key and (key == "bertjax" or other not in ours):
+                print(f"{names[key]} / {names[other]}: {rates[key] / rates[other]:.2f}x")
     print(f"best of {args.repeats} turns of {args.steps} steps each, after {args.warmup} "
           "warm-up steps; the machine may be shared with other work")
 

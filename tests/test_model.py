@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from bertjax.models import presets
-from bertjax.models.bert import BertConfig, BertModel
-from bertjax.models.heads import BertForPreTraining, gather_positions
+from bertjax.models.bert import BertConfig, BertModel, gather_positions
+from bertjax.models.heads import BertForPreTraining
 
 ODD = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=37, max_position_embeddings=11, type_vocab_size=2)

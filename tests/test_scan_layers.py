@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from bertjax.models.heads import BertForPreTraining
 from test_model import ODD, _batch
@@ -16,9 +17,12 @@ SCANNED = dataclasses.replace(PLAIN, scan_layers=True, remat=True,
                               remat_policy="dots_with_no_batch_dims_saveable")
 
 
-def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients():
+@pytest.mark.parametrize("sparse_last_layer", [True, False])  # the last layer apart, or not
+def test_scanned_encoder_has_the_per_layer_parameters_outputs_and_gradients(sparse_last_layer):
     ids, mask, seg, pos = _batch()
-    models = {False: BertForPreTraining(PLAIN), True: BertForPreTraining(SCANNED)}
+    models = {scan: BertForPreTraining(dataclasses.replace(
+        config, sparse_last_layer=sparse_last_layer)) for scan, config in ((False, PLAIN),
+                                                                          (True, SCANNED))}
     inits = {scan: jax.eval_shape(lambda m=m: m.init(jax.random.key(0), ids, mask, seg,
                                                      pos)["params"])
              for scan, m in models.items()}

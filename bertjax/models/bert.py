@@ -60,6 +60,11 @@ class BertConfig:
     # Random bits per dropout mask element: 16 halves the random number generation, a large
     # share of a step on CPUs; 32 is Flax's nn.Dropout (models/dropout.py).
     dropout_mask_bits: int = 16
+    # The last layer computes only the positions the heads read (BertModel's
+    # `output_positions` and the [CLS]s), its keys and values still from every position: the
+    # same outputs for fewer FLOPs. Dropout masks of that layer have the smaller shape, so a
+    # run draws other masks than with False.
+    sparse_last_layer: bool = True
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32
 
@@ -197,15 +202,17 @@ class Attention(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+    def __call__(self, x_BQD, kv_BLD, mask_B1QL, deterministic: bool):
+        """Queries from `x_BQD`, keys and values from `kv_BLD` (the same array, or the whole
+        sequence when only some positions' outputs are computed)."""
         c = self.config
         heads, head_dim = c.num_attention_heads, c.head_dim
-        q_BLHK, k_BLHK, v_BLHK = (
-            _dense(c, (heads, head_dim), ("embed", "heads", "kv"), name)(x_BLD)
-            for name in ("query", "key", "value"))
-        out_BLHK = multi_head_attention(c, q_BLHK, k_BLHK, v_BLHK, mask_B1QL, deterministic)
+        q_BQHK = _dense(c, (heads, head_dim), ("embed", "heads", "kv"), "query")(x_BQD)
+        k_BLHK, v_BLHK = (_dense(c, (heads, head_dim), ("embed", "heads", "kv"), name)(kv_BLD)
+                          for name in ("key", "value"))
+        out_BQHK = multi_head_attention(c, q_BQHK, k_BLHK, v_BLHK, mask_B1QL, deterministic)
         return _dense(c, c.hidden_size, ("heads", "kv", "embed"), "attention_output",
-                      axis=(-2, -1))(out_BLHK)
+                      axis=(-2, -1))(out_BQHK)
 
 
 def residual(c: BertConfig, x_BLD, norm, sublayer, dropout, deterministic: bool):
@@ -222,18 +229,41 @@ def feed_forward(c: BertConfig, h_BLD):
     return _dense(c, c.hidden_size, ("mlp", "embed"), "output")(h_BLF)
 
 
+def gather_positions(x_BLD, positions_BP):
+    """x at the given sequence positions: [B, L, D], [B, P] -> [B, P, D]."""
+    return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
+
+
+def mask_rows(mask_B1QL, positions_BP):
+    """The attention mask's rows for the queries at `positions_BP`; a padding mask [B, 1, 1,
+    L] is the same row for every query."""
+    if mask_B1QL.shape[2] == 1:
+        return mask_B1QL
+    rows_B1P1 = positions_BP[:, None, :, None].astype(jnp.int32)
+    return jnp.take_along_axis(mask_B1QL, rows_B1P1, axis=2)
+
+
 class TransformerLayer(nn.Module):
-    """Attention + feed-forward, each with residual and LayerNorm (post-LN or pre-LN)."""
+    """Attention + feed-forward, each with residual and LayerNorm (post-LN or pre-LN).
+
+    `positions_BP`: compute only these positions' outputs ([B, P, D]); every position still
+    gives keys and values. What the last layer does when the heads read a few positions.
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool, positions_BP=None):
         c = self.config
         dropout = make_dropout(c.hidden_dropout_prob, c.dropout_mask_bits)
         attention = Attention(c, name="attention")
-        x_BLD = residual(c, x_BLD, _layer_norm(c, "attention_layer_norm"),
-                         lambda h: attention(h, mask_B1QL, deterministic), dropout,
+        attention_norm = _layer_norm(c, "attention_layer_norm")
+        kv_BLD = attention_norm(x_BLD) if c.pre_layer_norm else x_BLD
+        if positions_BP is not None:
+            x_BLD = gather_positions(x_BLD, positions_BP)
+            mask_B1QL = mask_rows(mask_B1QL, positions_BP)
+        x_BLD = residual(c, x_BLD, attention_norm,
+                         lambda h: attention(h, kv_BLD, mask_B1QL, deterministic), dropout,
                          deterministic)
         return residual(c, x_BLD, _layer_norm(c, "output_layer_norm"),
                         lambda h: feed_forward(c, h), dropout, deterministic)
@@ -247,14 +277,18 @@ def _layer_class(config: BertConfig):
 
 
 class Encoder(nn.Module):
+    """The layers; `positions_BP` (sparse_last_layer): the last one computes only those."""
+
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool, positions_BP=None):
         c = self.config
         layer_cls = _layer_class(c)
+        last = c.num_hidden_layers - 1
         for i in range(c.num_hidden_layers):
-            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic)
+            x_BLD = layer_cls(c, name=f"layer_{i}")(x_BLD, mask_B1QL, deterministic,
+                                                     positions_BP if i == last else None)
         if c.pre_layer_norm:
             x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
         return x_BLD
@@ -276,20 +310,32 @@ class _ScanStep(nn.Module):
 _SCAN_AXIS = {nn.PARTITION_NAME: None}
 
 
+def _scanned_count(config: BertConfig) -> int:
+    """How many layers the scan runs: all, or all but the last when that one computes only
+    some positions (another shape, so it runs on its own as `layer_{N-1}`)."""
+    return config.num_hidden_layers - config.sparse_last_layer
+
+
 class _ScannedEncoder(nn.Module):
-    """The encoder as one layer scanned num_hidden_layers times, over its parameters stacked
-    {'layers': {'layer': [N, ...]}}; `scanned_encoder` gives it Encoder's layout."""
+    """The encoder as one layer scanned over the depth, over its parameters stacked
+    {'layers': {'layer': [N, ...]}} (with sparse_last_layer, the last layer apart);
+    `scanned_encoder` gives it Encoder's layout."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x_BLD, mask_B1QL, deterministic: bool):
+    def __call__(self, x_BLD, mask_B1QL, deterministic: bool, positions_BP=None):
         c = self.config
-        # Each layer its own parameters and its own dropout stream.
-        layers = nn.scan(_ScanStep, variable_axes={"params": 0},
-                         split_rngs={"params": True, "dropout": True}, in_axes=nn.broadcast,
-                         length=c.num_hidden_layers, metadata_params=_SCAN_AXIS)
-        x_BLD, _ = layers(c, deterministic, name="layers")(x_BLD, mask_B1QL)
+        count = _scanned_count(c)
+        if count:
+            # Each layer its own parameters and its own dropout stream.
+            layers = nn.scan(_ScanStep, variable_axes={"params": 0},
+                             split_rngs={"params": True, "dropout": True},
+                             in_axes=nn.broadcast, length=count, metadata_params=_SCAN_AXIS)
+            x_BLD, _ = layers(c, deterministic, name="layers")(x_BLD, mask_B1QL)
+        if count < c.num_hidden_layers:
+            x_BLD = _layer_class(c)(c, name=f"layer_{count}")(x_BLD, mask_B1QL, deterministic,
+                                                              positions_BP)
         if c.pre_layer_norm:
             x_BLD = _layer_norm(c, "final_layer_norm")(x_BLD)
         return x_BLD
@@ -299,19 +345,21 @@ def _is_box(x) -> bool:
     return isinstance(x, nn.meta.AxisMetadata)
 
 
-def _stacked(params: dict) -> dict:
-    """Encoder's per-layer parameters (layer_0, layer_1, ...) as _ScannedEncoder's."""
-    count = sum(k.startswith("layer_") for k in params)
-    if not count:  # initialising: nothing to stack yet
+def _stacked(params: dict, count: int) -> dict:
+    """Encoder's per-layer parameters (layer_0, layer_1, ...) as _ScannedEncoder's: the first
+    `count` layers stacked."""
+    if "layer_0" not in params or not count:  # initialising: nothing to stack yet
         return params
+
     def stack(*xs):
         if _is_box(xs[0]):  # logical axis names gain the new axis
             return xs[0].replace_boxed(jnp.stack([x.unbox() for x in xs])).add_axis(
                 0, _SCAN_AXIS)
         return jnp.stack(xs)
 
-    rest = {k: v for k, v in params.items() if not k.startswith("layer_")}
-    layers = [params[f"layer_{i}"] for i in range(count)]
+    names = [f"layer_{i}" for i in range(count)]
+    rest = {k: v for k, v in params.items() if k not in names}
+    layers = [params[name] for name in names]
     return {**rest, "layers": {"layer": jax.tree.map(stack, *layers, is_leaf=_is_box)}}
 
 
@@ -337,7 +385,8 @@ def scanned_encoder(config: BertConfig, init: bool, name: str) -> nn.Module:
     for the scan on the way in, so checkpoints, conversion and export never see the scan."""
     def each(fn):
         return lambda collections: {c: fn(v) for c, v in collections.items()}
-    return nn.map_variables(_ScannedEncoder, "params", trans_in_fn=each(_stacked),
+    stacked = functools.partial(_stacked, count=_scanned_count(config))
+    return nn.map_variables(_ScannedEncoder, "params", trans_in_fn=each(stacked),
                             trans_out_fn=each(_per_layer), init=init,
                             mutable=init)(config, name=name)
 
@@ -371,10 +420,16 @@ class BertModel(nn.Module):
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-                 position_ids=None, example_ids=None, cls_positions=None, attention_mask=None):
+                 position_ids=None, example_ids=None, cls_positions=None, attention_mask=None,
+                 output_positions=None):
         """`attention_mask` [B, 1, L, L] (who attends to whom, e.g. the one-stack seq2seq
         mask) replaces the padding mask made from `input_mask`; so do `example_ids` (packed
-        rows: one block per example)."""
+        rows: one block per example).
+
+        `output_positions` [B, P]: the positions a head reads; sequence_output is then [B, P,
+        D], their outputs (P may be 0: the pooled [CLS] alone). With `sparse_last_layer` the
+        last layer computes only these and the [CLS]s.
+        """
         if attention_mask is not None:
             mask = attention_mask
         elif example_ids is None:
@@ -382,11 +437,21 @@ class BertModel(nn.Module):
         else:
             mask = packed_attention_mask(example_ids)
         x_BLD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
-        x_BLD = self.encoder(x_BLD, mask, deterministic)
-        if cls_positions is None:
-            return x_BLD, jnp.tanh(self.pooler(x_BLD[:, 0]))
-        cls_BED = jnp.take_along_axis(x_BLD, cls_positions[:, :, None].astype(jnp.int32), 1)
-        return x_BLD, jnp.tanh(self.pooler(cls_BED))
+        if output_positions is not None and self.config.sparse_last_layer:
+            cls_BE = (jnp.zeros((input_ids.shape[0], 1), jnp.int32) if cls_positions is None
+                      else cls_positions.astype(jnp.int32))
+            read_BQ = jnp.concatenate([cls_BE, output_positions.astype(jnp.int32)], axis=1)
+            x_BQD = self.encoder(x_BLD, mask, deterministic, read_BQ)
+            cls_BED, x_BPD = x_BQD[:, :cls_BE.shape[1]], x_BQD[:, cls_BE.shape[1]:]
+            if cls_positions is None:
+                cls_BED = cls_BED[:, 0]
+        else:
+            x_BLD = self.encoder(x_BLD, mask, deterministic)
+            cls_BED = (x_BLD[:, 0] if cls_positions is None
+                       else gather_positions(x_BLD, cls_positions))
+            x_BPD = (x_BLD if output_positions is None
+                     else gather_positions(x_BLD, output_positions))
+        return x_BPD, jnp.tanh(self.pooler(cls_BED))
 
     def attend(self, x_BPD):
         return self.embeddings.attend(x_BPD)

@@ -13,11 +13,6 @@ from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, _dense, _lay
 from bertjax.models.dropout import make_dropout
 
 
-def gather_positions(x_BLD, positions_BP):
-    """x at the given sequence positions: [B, L, D], [B, P] -> [B, P, D]."""
-    return jnp.take_along_axis(x_BLD, positions_BP[:, :, None].astype(jnp.int32), axis=1)
-
-
 class MaskedLMHead(nn.Module):
     """dense + activation + LayerNorm, then the tied word-embedding decoder plus an output bias."""
 
@@ -64,9 +59,9 @@ class BertForPreTraining(nn.Module):
                  cls_positions=None):
         """Packed rows (data/packing.py) add `position_ids`, `example_ids` and `cls_positions`
         [B, K]: then 'nsp_logits' is [B, K, 2], one per example."""
-        x_BLD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic,
-                                     position_ids, example_ids, cls_positions)
-        x_BPD = gather_positions(x_BLD, masked_lm_positions)
+        x_BPD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                     position_ids, example_ids, cls_positions,
+                                     output_positions=masked_lm_positions)
         mlm_logits_BPV = self.mlm(x_BPD, self.bert.attend)
         nsp_logits_B2 = self.nsp(pooled_BD)
         return {"mlm_logits": mlm_logits_BPV.astype(jnp.float32),
@@ -96,6 +91,7 @@ class BertForSequenceClassification(nn.Module):
 
     config: BertConfig
     num_labels: int
+    read_positions = 1  # per example, the [CLS]: all a sparse last layer computes (metrics)
 
     def setup(self):
         self.bert = BertModel(self.config)
@@ -105,7 +101,9 @@ class BertForSequenceClassification(nn.Module):
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
                  **packing):
-        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing)
+        no_positions = jnp.zeros((input_ids.shape[0], 0), jnp.int32)  # the [CLS]s alone
+        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing,
+                                 output_positions=no_positions)
         pooled_BD = self.dropout(pooled_BD, deterministic=deterministic)
         return self.classifier(pooled_BD).astype(jnp.float32)
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from bertjax.models.bert import (BertConfig, BertModel, Embeddings, _dense, _layer_norm,
                                  feed_forward, multi_head_attention, residual)
 from bertjax.models.dropout import make_dropout
-from bertjax.models.heads import MaskedLMHead, gather_positions
+from bertjax.models.heads import MaskedLMHead
 
 
 def causal_mask(input_mask_BT):
@@ -324,7 +324,7 @@ class UniLM(nn.Module):
 
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
                  deterministic: bool = True):
-        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic,
-                             attention_mask=seq2seq_mask(input_mask, segment_ids))
-        x_BPD = gather_positions(x_BLD, masked_lm_positions)
+        x_BPD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                             attention_mask=seq2seq_mask(input_mask, segment_ids),
+                             output_positions=masked_lm_positions)
         return self.mlm(x_BPD, self.bert.attend).astype(jnp.float32)

@@ -53,7 +53,8 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
         base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
         remat_policy=model.remat_policy, scan_layers=model.scan_layers,
-        dropout_mask_bits=model.dropout_mask_bits, dtype=compute_dtype(model.dtype))
+        dropout_mask_bits=model.dropout_mask_bits,
+        sparse_last_layer=model.sparse_last_layer, dtype=compute_dtype(model.dtype))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
@@ -216,7 +217,8 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
 
     host_state = trainer.start(initial_params, train_cfg.restore_fallback) or {}
     history = host_state.get("history", [])
-    flops = metrics_lib.encoder_flops_per_sequence(cfg, seq_len) * batch_size
+    flops = metrics_lib.encoder_flops_per_sequence(
+        cfg, seq_len, getattr(model, "read_positions", None)) * batch_size
     peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat),
                                   train_cfg.peak_flops_per_device)
     log = metrics_lib.TrainingLog(workdir, total, train_cfg.log_every, batch_size, flops, peak,

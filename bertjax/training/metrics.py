@@ -56,12 +56,20 @@ PEAK_FLOPS = {
 }
 
 
-def encoder_flops_per_sequence(config: BertConfig, seq_len: int) -> float:
+def encoder_flops_per_sequence(config: BertConfig, seq_len: int,
+                               read_positions: int | None = None) -> float:
     """Matmul FLOPs to train the encoder on one sequence (forward + backward = 3x forward):
-    its projections and attention scores (what a fine-tuning step is, bar its small head)."""
+    its projections and attention scores (what a fine-tuning step is, bar its small head).
+    `read_positions`: how many positions the heads read ([CLS]s included), which is all the
+    last layer computes with `sparse_last_layer` (its keys and values still at every one)."""
     d, f = config.hidden_size, config.intermediate_size
-    per_token_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * seq_len * d
-    return 3.0 * config.num_hidden_layers * seq_len * per_token_layer
+
+    def layer(queries: int) -> float:
+        keys_values = 2 * seq_len * 2 * d * d
+        return keys_values + 2 * queries * (2 * d * d + 2 * d * f + 2 * seq_len * d)
+
+    last = read_positions if config.sparse_last_layer and read_positions is not None else seq_len
+    return 3.0 * ((config.num_hidden_layers - 1) * layer(seq_len) + layer(last))
 
 
 def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions: int) -> float:
@@ -71,7 +79,8 @@ def pretraining_flops_per_sequence(config: BertConfig, seq_len: int, predictions
     d, v = config.hidden_size, config.vocab_size
     mlm = predictions * 2 * (d * d + d * v)
     pooler_nsp = 2 * (d * d + 2 * d)
-    return encoder_flops_per_sequence(config, seq_len) + 3.0 * (mlm + pooler_nsp)
+    return (encoder_flops_per_sequence(config, seq_len, predictions + 1)
+            + 3.0 * (mlm + pooler_nsp))
 
 
 def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype=jnp.float32) -> float:

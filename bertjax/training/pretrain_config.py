@@ -63,6 +63,10 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # work, 11% of a pretraining step on a CPU; rate 0.1 becomes 0.100006) | 32 (Flax's
     # nn.Dropout, the masks of runs before this option).
     config.model.dropout_mask_bits = 16
+    # The last layer computes only the positions the heads read ([CLS] and the masked positions); keys and values
+    # still come from every position, so the outputs are the same, for 13% fewer FLOPs and a
+    # 1.17x faster step in mini pretraining on a CPU. That layer's dropout masks differ.
+    config.model.sparse_last_layer = True
     # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
     config.model.dtype = "auto"
 
