@@ -10,6 +10,7 @@ import pytest
 
 from bertjax.models.heads import BertForPreTraining, BertForSequenceClassification
 from bertjax.models.seq2seq import UniLM
+from bertjax.training import metrics
 from test_model import ODD, _batch, _init
 
 # Two sequences packed in each row: example 1 at 0-3, example 2 at 4-6 (row 1 pads position 6).
@@ -110,3 +111,33 @@ def test_one_stack_seq2seq_mask_rows_are_read_at_the_masked_positions():
                                                   {})
     _assert_same(out_sparse, out_full)
     _assert_same(grads_sparse, grads_full)
+
+
+def _dot_flops(jaxpr) -> int:
+    """FLOPs of every matrix product in a jaxpr, nested ones included."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(
+                np.prod([lhs[d] for d in contract]))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    total += _dot_flops(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    total += _dot_flops(sub)
+    return total
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_mfu_counts_the_matmul_flops_the_model_computes(sparse):
+    """The FLOPs MFU is counted from are those of the model's matmuls (forward x 3)."""
+    config = dataclasses.replace(ODD, sparse_last_layer=sparse)
+    ids, mask, seg, pos = _batch()
+    model = BertForPreTraining(config)
+    params = _init(model, ids, mask, seg, pos)
+    forward = jax.make_jaxpr(lambda p: model.apply(p, ids, mask, seg, pos))(params)
+    counted = metrics.pretraining_flops_per_sequence(config, ids.shape[1], pos.shape[1])
+    assert 3 * _dot_flops(forward.jaxpr) == pytest.approx(counted * ids.shape[0])

@@ -258,13 +258,14 @@ class TransformerLayer(nn.Module):
         dropout = make_dropout(c.hidden_dropout_prob, c.dropout_mask_bits)
         attention = Attention(c, name="attention")
         attention_norm = _layer_norm(c, "attention_layer_norm")
-        kv_BLD = attention_norm(x_BLD) if c.pre_layer_norm else x_BLD
+        kv_BLD = None  # self-attention: keys and values from the queries' own input
         if positions_BP is not None:
+            kv_BLD = attention_norm(x_BLD) if c.pre_layer_norm else x_BLD
             x_BLD = gather_positions(x_BLD, positions_BP)
             mask_B1QL = mask_rows(mask_B1QL, positions_BP)
         x_BLD = residual(c, x_BLD, attention_norm,
-                         lambda h: attention(h, kv_BLD, mask_B1QL, deterministic), dropout,
-                         deterministic)
+                         lambda h: attention(h, h if kv_BLD is None else kv_BLD, mask_B1QL,
+                                             deterministic), dropout, deterministic)
         return residual(c, x_BLD, _layer_norm(c, "output_layer_norm"),
                         lambda h: feed_forward(c, h), dropout, deterministic)
 
