@@ -117,9 +117,17 @@ class HalfWordDropout(nn.Module):
         word_shape = list(x.shape)
         word_shape[axis] = (n + 1) // 2
         words = jax.random.bits(self.make_rng("dropout"), tuple(word_shape), jnp.uint32)
-        draws = jnp.concatenate([words & 0xFFFF, words >> 16], axis=axis)
-        keep = lax.slice_in_dim(draws, 0, n, axis=axis) >= drop_below
-        return lax.select(keep, x * jnp.asarray(keep_scale, x.dtype), jnp.zeros_like(x))
+        # The mask is a float array (the scale or 0) that multiplies, made before the
+        # concatenation so that XLA materialises it: the backward pass multiplies the incoming
+        # gradient by it inside the transposes that feed the weight gradients, where XLA:CPU
+        # runs a multiply at full speed but a compare and select on the random bits at a
+        # tenth of it (measured: 15% of a fine-tuning step's op time on a 2-core Xeon).
+        scale, zero = jnp.asarray(keep_scale, x.dtype), jnp.zeros((), x.dtype)
+        halves_scale = [jnp.where(half >= drop_below, scale, zero)
+                        for half in (words & 0xFFFF, words >> 16)]
+        scale_or_zero = lax.slice_in_dim(jnp.concatenate(halves_scale, axis=axis), 0, n,
+                                         axis=axis)
+        return x * scale_or_zero
 
 
 def make_dropout(rate: float, mask_bits: int, name: str | None = None) -> nn.Module:
