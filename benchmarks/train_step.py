@@ -54,6 +54,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from bertjax import host_memory  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining  # noqa: E402
 from bertjax.training import metrics, optimizers, pretrain, sharding, trainer  # noqa: E402
@@ -254,7 +255,12 @@ def main() -> None:
     parser.add_argument("--sparse_last_layer", default="1")
     # Compute dtype of the JAX frameworks; the PyTorch and KerasHub steps here are f32 only.
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    # The whole process's host allocator, every framework alike: 'keep' as `bertjax.main`
+    # sets it (bertjax/host_memory.py), 'release' the C library's default.
+    parser.add_argument("--host_memory", default="keep", choices=("keep", "release"))
     args = parser.parse_args()
+    if args.host_memory == "keep":  # before any framework starts its runtime
+        host_memory.keep_freed_memory()
     f32_only = {"torch", "keras_hub"} & set(args.only.split(","))
     if args.dtype != "float32" and f32_only:
         parser.error(f"--dtype={args.dtype}: {', '.join(sorted(f32_only))} run in float32 "
@@ -273,7 +279,8 @@ def main() -> None:
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
           f"seq {args.seq_len}, predictions {args.predictions}; one {device.platform} "
-          f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
+          f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
+          f"host memory: {args.host_memory}")
     print(f"measured {args.dtype} matmul peak: {peak / 1e9:.1f} GFLOP/s"
           + (f"; {device.device_kind} table peak {table_peak / 1e12:.0f} TFLOP/s"
              if table_peak else "")

@@ -27,7 +27,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import cli
+from bertjax import cli, host_memory
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "A config file (configs/*.py), optionally with ':arg'.", lock_config=True)
@@ -36,6 +36,11 @@ _DISTRIBUTED = flags.DEFINE_enum(
     "distributed", "auto", ["auto", "on", "off"],
     "jax.distributed.initialize(): 'auto' when the environment shows several processes or a "
     "Cloud TPU VM, 'on' always, 'off' never.")
+_HOST_MEMORY = flags.DEFINE_enum(
+    "host_memory", "keep", ["keep", "release"],
+    "'keep': freed host memory stays with the process for the next step to reuse (glibc; "
+    "see bertjax/host_memory.py); 'release': the C library's default, which returns large "
+    "blocks to the system and faults them in again every step.")
 
 # config.mode -> "module:function(config, workdir)"; imported only when chosen.
 MODES = {
@@ -154,6 +159,8 @@ def main(argv: list[str]) -> None:
     if not flags.FLAGS["verbosity"].present:
         # Orbax logs every save at INFO; our progress lines say what matters.
         logging.set_verbosity(logging.WARNING)
+    if _HOST_MEMORY.value == "keep":  # before JAX starts its CPU runtime's threads
+        host_memory.keep_freed_memory()
     with cli.one_line_errors("bertjax.main"):
         initialize_distributed(_DISTRIBUTED.value)
         result = run_mode(_CONFIG.value, _WORKDIR.value)
