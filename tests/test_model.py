@@ -10,7 +10,7 @@ import pytest
 
 from bertjax.models import presets
 from bertjax.models.bert import BertConfig, BertModel, gather_positions
-from bertjax.models.heads import BertForPreTraining
+from bertjax.models.heads import BertForPreTraining, add_output_bias
 
 ODD = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=37, max_position_embeddings=11, type_vocab_size=2)
@@ -92,6 +92,27 @@ def test_mlm_decoder_is_tied_to_word_embeddings():
     word_grad = grads["params"]["bert"]["embeddings"]["word_embeddings"]["embedding"]
     # Every vocabulary row gets decoder gradient, not only the rows of the input tokens.
     assert np.all(np.abs(np.asarray(word_grad)).sum(axis=1) > 0)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_output_bias_gradient_is_the_sum_over_every_prediction(dtype):
+    # The bias gradient is computed as a vector-matrix product (heads.add_output_bias).
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
+    bias = jnp.asarray(rng.normal(size=(99,)), dtype)
+    weights = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
+
+    def loss(fn, logits, bias):
+        return jnp.sum(jnp.tanh(fn(logits, bias).astype(jnp.float32)) * weights)
+
+    ours = jax.grad(functools.partial(loss, add_output_bias), argnums=(0, 1))(logits, bias)
+    plain = jax.grad(functools.partial(loss, lambda x, b: x + b), argnums=(0, 1))(logits, bias)
+    assert add_output_bias(logits, bias).dtype == dtype
+    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    for a, b in zip(ours, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tolerance, atol=tolerance)
 
 
 def test_dropout_is_active_only_when_not_deterministic():

@@ -34,7 +34,28 @@ class MaskedLMHead(nn.Module):
         # multi-axis kernels at their flat initial shape, which fails. The logical axis rules
         # come from the caller's `nn.logical_axis_rules`; without a mesh this is a no-op.
         h_BPD = nn.with_logical_constraint(h_BPD, ("batch", None, None), mesh=self.mesh)
-        return decode(h_BPD) + bias_V.astype(c.dtype)
+        return add_output_bias(decode(h_BPD), bias_V.astype(c.dtype))
+
+
+@jax.custom_vjp
+def add_output_bias(logits_BPV, bias_V):
+    """logits + bias, whose bias gradient (the sum of the logits' gradient over B and P) is
+    a vector-matrix product: XLA:CPU reduces [B*P, V] over its leading axis one column at a
+    time, 30 to 40 times slower than the product (49 ms of a 1 s mini pretraining step)."""
+    return logits_BPV + bias_V
+
+
+def _add_output_bias_fwd(logits_BPV, bias_V):
+    return logits_BPV + bias_V, None
+
+
+def _add_output_bias_bwd(_, g_BPV):
+    rows = g_BPV.reshape(-1, g_BPV.shape[-1])
+    ones = jnp.ones((rows.shape[0],), rows.dtype)
+    return g_BPV, jnp.dot(ones, rows, preferred_element_type=jnp.float32).astype(g_BPV.dtype)
+
+
+add_output_bias.defvjp(_add_output_bias_fwd, _add_output_bias_bwd)
 
 
 class BertForPreTraining(nn.Module):
