@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import train_step as bench  # noqa: E402  (benchmarks/: inputs and turn-taking timing)
-from bertjax import files  # noqa: E402
+from bertjax import files, host_memory  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, BertForSequenceClassification  # noqa: E402
 from bertjax.tasks import base as tasks  # noqa: E402
@@ -265,13 +265,19 @@ def main() -> None:
     parser.add_argument("--out", default="/tmp/bertjax_profile")
     parser.add_argument("--dropout_rng", default="threefry", choices=trainer.DROPOUT_RNGS,
                         help="model.dropout_rng of both steps")
+    parser.add_argument("--host_memory", default="keep", choices=("keep", "release"),
+                        help="the process's host allocator (bertjax/host_memory.py): 'keep' "
+                             "as bertjax.main sets it, 'release' the C library's default")
     args = parser.parse_args()
+    if args.host_memory == "keep":  # before JAX starts its runtime
+        host_memory.keep_freed_memory()
 
     config = presets.preset(args.size, vocab_size=args.vocab)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     peak = metrics.measure_matmul_flops(size=2048, repeats=5)
     print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
-    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start")
+    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
+          f"host memory: {args.host_memory}")
     print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
