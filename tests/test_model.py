@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax.models import presets
-from bertjax.models.bert import BertConfig, BertModel, gather_positions
+from bertjax.models.bert import BertConfig, BertModel, gather_positions, tied_logits
 from bertjax.models.heads import BertForPreTraining, add_output_bias
 
 ODD = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -109,6 +109,28 @@ def test_output_bias_gradient_is_the_sum_over_every_prediction(dtype):
     plain = jax.grad(functools.partial(loss, lambda x, b: x + b), argnums=(0, 1))(logits, bias)
     assert add_output_bias(logits, bias).dtype == dtype
     tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
+    for a, b in zip(ours, plain):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                   rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tied_decoder_gradients_are_the_plain_products(dtype):
+    # The word embeddings' decoder gradient is computed as (x^T g)^T (bert.tied_logits).
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.normal(size=(3, 5, 32)), dtype)
+    embedding = jnp.asarray(rng.normal(size=(99, 32)), dtype)
+    weights = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
+
+    def loss(fn, x, embedding):
+        return jnp.sum(jnp.tanh(fn(x, embedding).astype(jnp.float32) / 8) * weights)
+
+    ours = jax.grad(functools.partial(loss, tied_logits), argnums=(0, 1))(x, embedding)
+    plain = jax.grad(functools.partial(loss, lambda x, e: jnp.dot(x, e.T)),
+                     argnums=(0, 1))(x, embedding)
+    assert tied_logits(x, embedding).dtype == dtype
+    tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
     for a, b in zip(ours, plain):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),

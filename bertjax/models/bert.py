@@ -173,7 +173,33 @@ class Embeddings(nn.Module):
 
     def attend(self, x_BPD):
         """Logits against the word embeddings (the MLM decoder is tied to them)."""
-        return self.word_embeddings.attend(x_BPD)
+        x_BPD, embedding_VD = self.word_embeddings.promote_dtype(
+            x_BPD, self.word_embeddings.embedding, dtype=self.config.dtype)
+        return tied_logits(x_BPD, embedding_VD)
+
+
+@jax.custom_vjp
+def tied_logits(x_ND, embedding_VD):
+    """x against every word embedding: [..., D], [V, D] -> [..., V].
+
+    The embedding's gradient is computed as x^T g, then transposed: JAX's own rule computes
+    g^T x, for which XLA:CPU first transposes g, the [predictions, vocabulary] logits
+    gradient (20 ms of a mini pretraining step), where x^T is 40 times smaller."""
+    return jnp.einsum("...d,vd->...v", x_ND, embedding_VD)
+
+
+def _tied_logits_fwd(x_ND, embedding_VD):
+    return tied_logits(x_ND, embedding_VD), (x_ND, embedding_VD)
+
+
+def _tied_logits_bwd(residuals, g_NV):
+    x_ND, embedding_VD = residuals
+    g_x_ND = jnp.einsum("...v,vd->...d", g_NV, embedding_VD)
+    g_embedding_DV = jnp.einsum("...d,...v->dv", x_ND, g_NV)
+    return g_x_ND, g_embedding_DV.T
+
+
+tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 
 def multi_head_attention(c: BertConfig, q_BLHK, k_BSHK, v_BSHK, mask_B1LS, deterministic: bool):
