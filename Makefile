@@ -35,7 +35,7 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=15 $(PYTEST_ARGS)
 
 # Prepare the embedded Jane Austen corpus, pretrain configs/tiny.py's `context` recipe on the
-# CPU (about 6 minutes: long enough to get past the plateau where every blank gets the most
+# CPU (about 5 minutes: long enough to get past the plateau where every blank gets the most
 # frequent pieces), then fill in some blanks with the trained model. Rerunning reuses the
 # corpus and the finished run.
 DEMO_DIR ?= /tmp/bertjax-demo

@@ -17,7 +17,7 @@ relies on the original's 10k-step warmup, longer than these whole runs):
 - `context`: what benchmarks/pretrain_then_finetune.py found gets a model this size past the
   context-free plateau (held-out masked-LM accuracy stays near 0.14, what guessing the most
   frequent piece scores, for about 3,000 steps, then climbs within 500): sequence length 64,
-  masked LM only, pre-LN, no dropout, lr 1e-3 for 4,500 steps. About 6 minutes on 2 CPU cores.
+  masked LM only, pre-LN, no dropout, lr 1e-3 for 4,500 steps. About 5 minutes on 2 CPU cores.
 """
 
 from bertjax.training import pretrain_config
