@@ -94,44 +94,32 @@ def test_mlm_decoder_is_tied_to_word_embeddings():
     assert np.all(np.abs(np.asarray(word_grad)).sum(axis=1) > 0)
 
 
+# Functions whose gradients are laid out for XLA:CPU, beside the plain expression they
+# compute: (ours, plain, operand shapes).
+GRADIENT_LAYOUTS = {
+    # The output bias's gradient as a vector-matrix product (heads.add_output_bias).
+    "output_bias": (add_output_bias, lambda x, b: x + b, ((3, 5, 99), (99,))),
+    # The tied decoder's embedding gradient as (x^T g)^T (bert.tied_logits).
+    "tied_decoder": (tied_logits, lambda x, e: jnp.dot(x, e.T), ((3, 5, 32), (99, 32))),
+}
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_output_bias_gradient_is_the_sum_over_every_prediction(dtype):
-    # The bias gradient is computed as a vector-matrix product (heads.add_output_bias).
+@pytest.mark.parametrize("name", list(GRADIENT_LAYOUTS))
+def test_gradients_laid_out_for_the_cpu_are_the_plain_ones(name, dtype):
+    ours, plain, shapes = GRADIENT_LAYOUTS[name]
     rng = np.random.default_rng(0)
-    logits = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
-    bias = jnp.asarray(rng.normal(size=(99,)), dtype)
+    args = [jnp.asarray(rng.normal(size=shape), dtype) for shape in shapes]
     weights = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
 
-    def loss(fn, logits, bias):
-        return jnp.sum(jnp.tanh(fn(logits, bias).astype(jnp.float32)) * weights)
+    def loss(fn, *args):
+        return jnp.sum(jnp.tanh(fn(*args).astype(jnp.float32) / 8) * weights)
 
-    ours = jax.grad(functools.partial(loss, add_output_bias), argnums=(0, 1))(logits, bias)
-    plain = jax.grad(functools.partial(loss, lambda x, b: x + b), argnums=(0, 1))(logits, bias)
-    assert add_output_bias(logits, bias).dtype == dtype
-    tolerance = 1e-5 if dtype == jnp.float32 else 2e-2
-    for a, b in zip(ours, plain):
-        assert a.dtype == b.dtype and a.shape == b.shape
-        np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
-                                   rtol=tolerance, atol=tolerance)
-
-
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_tied_decoder_gradients_are_the_plain_products(dtype):
-    # The word embeddings' decoder gradient is computed as (x^T g)^T (bert.tied_logits).
-    rng = np.random.default_rng(1)
-    x = jnp.asarray(rng.normal(size=(3, 5, 32)), dtype)
-    embedding = jnp.asarray(rng.normal(size=(99, 32)), dtype)
-    weights = jnp.asarray(rng.normal(size=(3, 5, 99)), dtype)
-
-    def loss(fn, x, embedding):
-        return jnp.sum(jnp.tanh(fn(x, embedding).astype(jnp.float32) / 8) * weights)
-
-    ours = jax.grad(functools.partial(loss, tied_logits), argnums=(0, 1))(x, embedding)
-    plain = jax.grad(functools.partial(loss, lambda x, e: jnp.dot(x, e.T)),
-                     argnums=(0, 1))(x, embedding)
-    assert tied_logits(x, embedding).dtype == dtype
+    found = jax.grad(functools.partial(loss, ours), argnums=(0, 1))(*args)
+    expected = jax.grad(functools.partial(loss, plain), argnums=(0, 1))(*args)
+    assert ours(*args).dtype == dtype
     tolerance = 1e-5 if dtype == jnp.float32 else 3e-2
-    for a, b in zip(ours, plain):
+    for a, b in zip(found, expected):
         assert a.dtype == b.dtype and a.shape == b.shape
         np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
                                    rtol=tolerance, atol=tolerance)
