@@ -23,6 +23,7 @@ import argparse
 import collections
 import os
 import re
+import resource
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -200,6 +201,15 @@ def profile(label: str, built, config, steps: int, out: str, mesh, dropout_rng: 
 
     seconds = bench.time_steps({"step": step, "place": place}, warmup=2, steps=steps,
                                repeats=3)
+    # What the host allocator costs: page faults and kernel time over the same steps, after
+    # the timing's warm-up (bertjax/host_memory.py says why they can be most of a step).
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(steps):
+        step()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    host = {"scratch_mb": compiled.memory_analysis().temp_size_in_bytes / 1e6,
+            "faults": (after.ru_minflt - before.ru_minflt) / steps,
+            "system_ms": 1e3 * (after.ru_stime - before.ru_stime) / steps}
     trace_dir = os.path.join(out, label)
     with jax.profiler.trace(trace_dir):
         for _ in range(steps):
@@ -208,7 +218,7 @@ def profile(label: str, built, config, steps: int, out: str, mesh, dropout_rng: 
     module = re.match(r"HloModule (\S+?),", compiled.as_text()).group(1)
     table = family_table(op_durations(trace_dir, module), hlo, config.vocab_size, steps)
     return {"table": table, "wall_ms": 1e3 * seconds["step"],
-            "place_ms": 1e3 * seconds["place"], "batch": batch_size}
+            "place_ms": 1e3 * seconds["place"], "batch": batch_size, "host": host}
 
 
 def cpu_model() -> str:
@@ -252,6 +262,10 @@ def print_table(results: dict, flops: dict, peak: float) -> None:
         print(f"{key}: {r['batch'] / r['wall_ms'] * 1e3:.1f} seq/s, MFU "
               f"{100 * ideal / r['wall_ms']:.1f}% of the measured peak; its matmuls at peak "
               f"would take {ideal:.1f} ms, measured {matmul:.1f} ms of op time")
+        host = r["host"]
+        print(f"{key}: scratch memory {host['scratch_mb']:.0f} MB a step; "
+              f"{host['faults']:,.0f} page faults and {host['system_ms']:.0f} ms of system "
+              f"time a step")
 
 
 def main() -> None:
