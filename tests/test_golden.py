@@ -3,8 +3,9 @@ gradient norm, learning rate, evaluation metric and predictions file of a pretra
 (with a resume from a checkpoint) and of one fine-tuning run per task family.
 
 On the machine type the figures were recorded on the comparison is bit for bit. XLA's CPU
-code depends on the instruction set, so elsewhere floats are compared to 1e-4 relative and
-the predictions files (which print those floats) are not compared."""
+code depends on the instruction set, so elsewhere floats are compared to 1e-4 relative, a
+correlation to 1e-3 absolute (below), and the predictions files (which print those floats)
+are not compared."""
 import json
 import math
 
@@ -13,8 +14,17 @@ import pytest
 import golden_runs
 
 
-def _close(a, b, exact: bool) -> bool:
+# Metrics that divide by the spread of the predictions. The golden regression model has barely
+# trained, so its predictions are nearly constant and their correlation with the labels is near
+# 0 and ill-conditioned: on an AMD EPYC (AVX2) every loss and gradient norm matched the Intel
+# figures to 2e-7 relative, but the final Pearson was 0.020769 against 0.020587 (9e-3 relative).
+CORRELATIONS = ("pearson", "spearman")
+
+
+def _close(a, b, exact: bool, where: str = "") -> bool:
     if isinstance(a, float) and isinstance(b, float) and not exact:
+        if any(name in where for name in CORRELATIONS):
+            return math.isclose(a, b, abs_tol=1e-3)
         return math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-6)
     return a == b
 
@@ -31,7 +41,7 @@ def assert_same(found, expected, exact: bool, where: str = "") -> None:
         for i, (f, e) in enumerate(zip(found, expected)):
             assert_same(f, e, exact, f"{where}[{i}]")
     else:
-        assert _close(found, expected, exact), f"{where}: {found!r} != {expected!r}"
+        assert _close(found, expected, exact, where), f"{where}: {found!r} != {expected!r}"
 
 
 @pytest.fixture(scope="module")
