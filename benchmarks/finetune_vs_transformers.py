@@ -76,6 +76,8 @@ import dataclasses
 import importlib.util
 import json
 import os
+import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -506,8 +508,22 @@ def _fmt(metric: str, value) -> str:
     return f"{value:.1f}" if metric in ("exact", "f1") and value > 1.0 else f"{value:.3f}"
 
 
-def markdown(rows: list[dict], rerun: str) -> str:
-    lines = [f"Rerun: `{rerun}`", "",
+def machine() -> str:
+    """The CPU the figures come from (they compare only within one run); read without JAX,
+    which this process, the PyTorch side, does not load. bertjax's logs hold the matmul peak
+    it measured."""
+    model = platform.processor() or platform.machine()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            found = re.search(r"model name\s*:\s*(.*)", f.read())
+        if found:
+            model = found.group(1).strip()
+    return (f"{model}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} (1 min) "
+            "at start")
+
+
+def markdown(rows: list[dict], rerun: str, where: str) -> str:
+    lines = [f"Rerun: `{rerun}`", "", f"Machine: {where}", "",
              "| task | metric | bertjax | transformers | trivial baseline | bertjax s | "
              "transformers s | train / held-out | epochs, seq, lr |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -563,7 +579,8 @@ def main() -> None:
              + (" --full" if args.full else "")
              + (f" --seed={args.seed}" if args.seed else "")
              + (f" --padding={args.padding}" if args.padding != "dynamic" else ""))
-    print(f"# {rerun}", flush=True)
+    where = machine()
+    print(f"# {rerun}\n# {where}", flush=True)
     os.makedirs(args.out, exist_ok=True)
 
     model_dirs, hf_dirs = {"minilm": os.path.join(args.out, "minilm")}, {"minilm": MINILM_DIR}
@@ -620,16 +637,17 @@ def main() -> None:
                      "learning_rate": task.learning_rate,
                      "head_lr_multiplier": task.head_lr_multiplier, "load_average_1min": load,
                      "command": shown})
-        report = {"rerun": rerun, "optimizer": "bias-corrected AdamW in both (bertjax "
+        report = {"rerun": rerun, "machine": where,
+                  "optimizer": "bias-corrected AdamW in both (bertjax "
                   "--config.optimizer.name=adamw, torch.optim.AdamW)", "tasks": rows}
         with open(os.path.join(args.out, "results.json.tmp"), "w") as f:
             json.dump(report, f, indent=1)
         os.replace(os.path.join(args.out, "results.json.tmp"),
                    os.path.join(args.out, "results.json"))
         with open(os.path.join(args.out, "results.md.tmp"), "w") as f:
-            f.write(markdown(rows, rerun))
+            f.write(markdown(rows, rerun, where))
         os.replace(os.path.join(args.out, "results.md.tmp"), os.path.join(args.out, "results.md"))
-    print(markdown(rows, rerun))
+    print(markdown(rows, rerun, where))
 
 
 if __name__ == "__main__":
