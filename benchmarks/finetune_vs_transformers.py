@@ -76,8 +76,6 @@ import dataclasses
 import importlib.util
 import json
 import os
-import platform
-import re
 import shlex
 import subprocess
 import sys
@@ -90,6 +88,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 import cantonese_bert  # noqa: E402  (tests/: the CI tests' data and model builders)
+import golden_runs  # noqa: E402  (machine(): the CPU and its instruction-set flags)
 import real_data  # noqa: E402
 from task_data import MINILM_DIR  # noqa: E402
 
@@ -509,17 +508,10 @@ def _fmt(metric: str, value) -> str:
 
 
 def machine() -> str:
-    """The CPU the figures come from (they compare only within one run); read without JAX,
-    which this process, the PyTorch side, does not load. bertjax's logs hold the matmul peak
-    it measured."""
-    model = platform.processor() or platform.machine()
-    if os.path.exists("/proc/cpuinfo"):
-        with open("/proc/cpuinfo") as f:
-            found = re.search(r"model name\s*:\s*(.*)", f.read())
-        if found:
-            model = found.group(1).strip()
-    return (f"{model}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} (1 min) "
-            "at start")
+    """The CPU the figures come from (they compare only within one run), named without
+    importing JAX into this process, the PyTorch side; bertjax's logs hold the peak it measured."""
+    return (f"{golden_runs.machine()}, {os.cpu_count()} cores; load average "
+            f"{os.getloadavg()[0]:.2f} (1 min) at start")
 
 
 def markdown(rows: list[dict], rerun: str, where: str) -> str:
