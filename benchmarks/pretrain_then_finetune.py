@@ -22,6 +22,12 @@ Every run is a `python -m bertjax.main` command (printed, and kept in results.js
    finetune_vs_transformers.py, or --held_out of it), each with seeds --seeds, the same
    settings for both.
 
+--choose_learning_rate=2e-4,5e-4,1e-3 fine-tunes each model at every listed rate instead, on
+the training examples less the last --selection_examples of them, and picks each model's rate
+by its mean score over the seeds on those set-aside examples, as the original paper picked
+its fine-tuning rates on a development set; the held-out set, scored at the picked rates, plays
+no part in the choice.
+
 --corpus=austen+present_day adds the VADER archive's 23,703 movie-review, Amazon-review, NYT
 editorial and tweet snippets and WNUT-16's tweets (real text that installs offline), less
 every text the fine-tuning runs hold out; the training texts stay in, unlabelled, as
@@ -238,6 +244,35 @@ def fill_mask(model_dir: str, cloze: list[dict], log_path: str) -> list[list[str
             for line in lines]
 
 
+def split_off_selection(train_file: str, count: int) -> tuple[str, str]:
+    """(training file less its last `count` examples, a file of those examples), beside it:
+    the set-aside examples a fine-tuning rate is chosen on."""
+    with open(train_file, encoding="utf-8") as f:
+        text = f.read()
+    stem, extension = os.path.splitext(train_file)
+    if extension == ".tsv":  # a header row, then one example per row
+        header, *rows = text.splitlines(keepends=True)
+        parts, joined = [rows[:-count], rows[-count:]], lambda rows: header + "".join(rows)
+    else:  # tagging: one example per block, blocks separated by a tab line
+        blocks = text.split("\n\t\n")
+        parts, joined = [blocks[:-count], blocks[-count:]], "\n\t\n".join
+    if len(parts[0]) < 1 or count < 1:
+        raise ValueError(f"--selection_examples={count}: {train_file} has "
+                         f"{len(parts[0]) + len(parts[1])} examples; it must keep at least one "
+                         "for training and set aside at least one")
+    paths = (f"{stem}-less-selection{extension}", os.path.join(
+        os.path.dirname(train_file), f"selection{extension}"))
+    for path, part in zip(paths, parts, strict=True):
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(joined(part))
+    return paths
+
+
+def chosen_rate(scores: dict[float, list[float]]) -> float:
+    """The rate whose mean score over the seeds is highest (the lowest rate on a tie)."""
+    return max(sorted(scores), key=lambda rate: (float(np.mean(scores[rate])), -rate))
+
+
 def curve(workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
@@ -260,6 +295,20 @@ def markdown(report: dict) -> str:
                      f"{' / '.join(f'{v:.3f}' for v in r['pretrained'])} | "
                      f"{' / '.join(f'{v:.3f}' for v in r['random'])} | {r['gap']:+.3f} | "
                      f"{r['spread']:.3f} |")
+    for name, r in report["finetune"].items():
+        if "grid" not in r:
+            continue
+        lines += ["", f"{name}, {r['metric']} by fine-tuning rate (seeds), on the "
+                  f"{r['selection_examples']} set-aside training examples the rate is chosen "
+                  "on / on the held-out set:", "",
+                  "| model | rate | set-aside | held-out | chosen |", "|---|---|---|---|---|"]
+        for init in ("pretrained", "random"):
+            for rate, scores in r["grid"][init].items():
+                lines.append(
+                    f"| {init} | {rate} | "
+                    f"{' / '.join(f'{v:.4f}' for v in scores['selection'])} | "
+                    f"{' / '.join(f'{v:.4f}' for v in scores['held_out'])} | "
+                    f"{'yes' if float(rate) == r['chosen_rate'][init] else ''} |")
     return "\n".join(lines) + "\n"
 
 
@@ -285,6 +334,12 @@ def main():
                         help="fine-tuning epochs for every task (0: each task's own)")
     parser.add_argument("--learning_rate", type=float, default=0.0,
                         help="fine-tuning learning rate for every task (0: each task's own)")
+    parser.add_argument("--choose_learning_rate", default="",
+                        help="comma-separated fine-tuning rates: fine-tune at each and pick "
+                        "each model's rate on set-aside training examples (see above)")
+    parser.add_argument("--selection_examples", type=int, default=1000,
+                        help="with --choose_learning_rate: the training examples set aside "
+                        "to choose the rate on (taken from --train_examples)")
     parser.add_argument("--train_examples", type=int, default=0,
                         help="labelled training examples for every task (0: each task's own; "
                         "the held-out set stays the same)")
@@ -298,6 +353,13 @@ def main():
     parser.add_argument("--quick", action="store_true",
                         help="a smoke test: 64 training examples, 1 epoch (use a small --steps)")
     args = parser.parse_args()
+    try:
+        choice = [float(r) for r in filter(None, args.choose_learning_rate.split(","))]
+    except ValueError:
+        parser.error(f"--choose_learning_rate={args.choose_learning_rate!r}: expected "
+                     "comma-separated rates, e.g. 2e-4,5e-4,1e-3")
+    if choice and args.learning_rate:
+        parser.error("--choose_learning_rate and --learning_rate exclude each other")
     # Set in TASKS itself: heldout_texts() leaves the same examples out of the corpus.
     for name_count in filter(None, args.held_out.split(",")):
         name, _, count = name_count.partition("=")
@@ -311,6 +373,8 @@ def main():
              f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
              f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
              + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
+             + (f" --choose_learning_rate={args.choose_learning_rate}"
+                f" --selection_examples={args.selection_examples}" if choice else "")
              + (f" --train_examples={args.train_examples}" if args.train_examples else "")
              + (f" --held_out={args.held_out}" if args.held_out else "")
              + (" --lowercase" if args.lowercase else "")
@@ -393,23 +457,45 @@ def main():
                                                          os.path.join(args.out, "data", name))
         result = {"metric": task.metrics[0], "baseline": baseline, "pretrained": [],
                   "random": [], "seconds": []}
+        if choice:
+            train_file, selection_file = split_off_selection(train_file,
+                                                             args.selection_examples)
+            eval_file = (eval_file, selection_file)
+            result.update(grid={}, chosen_rate={}, selection_examples=args.selection_examples)
         for init, model in (("pretrained", pretrained_model),
                             ("random", os.path.join(random_init, "model"))):
-            for seed in seeds:
-                workdir = os.path.join(args.out, "finetune", f"{name}-{init}-{seed}")
-                subprocess.run(["rm", "-rf", workdir], check=True)
-                os.makedirs(os.path.dirname(workdir), exist_ok=True)
-                values = ftv.overrides(task, model, train_file, eval_file, seed, "dynamic")
-                values.update(finetune_extra, quiet=True)
-                command = ftv.bertjax_command(task, workdir, values)
-                report["commands"][f"{name}-{init}-{seed}"] = shown(command)
-                seconds = run(command, workdir + ".log")
-                with open(os.path.join(workdir, "eval_results.json")) as f:
-                    metrics = json.load(f)["sets"]["dev"]["final"]["metrics"]
-                result[init].append(metrics[task.metrics[0]])
-                result["seconds"].append(seconds)
-                print(f"  {name} {init} seed {seed}: {task.metrics[0]} "
-                      f"{metrics[task.metrics[0]]:.4f} ({seconds:.0f}s)", flush=True)
+            grid = {}
+            for rate in choice or [task.learning_rate]:
+                scores = grid[f"{rate:g}"] = {"held_out": [], "selection": []}
+                for seed in seeds:
+                    run_name = (f"{name}-{init}-lr{rate:g}-{seed}" if choice
+                                else f"{name}-{init}-{seed}")
+                    workdir = os.path.join(args.out, "finetune", run_name)
+                    subprocess.run(["rm", "-rf", workdir], check=True)
+                    os.makedirs(os.path.dirname(workdir), exist_ok=True)
+                    values = ftv.overrides(dataclasses.replace(task, learning_rate=rate), model,
+                                           train_file, eval_file, seed, "dynamic")
+                    values.update(finetune_extra, quiet=True)
+                    command = ftv.bertjax_command(task, workdir, values)
+                    report["commands"][run_name] = shown(command)
+                    seconds = run(command, workdir + ".log")
+                    with open(os.path.join(workdir, "eval_results.json")) as f:
+                        sets = json.load(f)["sets"]
+                    metric = task.metrics[0]
+                    scores["held_out"].append(sets["dev"]["final"]["metrics"][metric])
+                    if choice:
+                        scores["selection"].append(sets["selection"]["final"]["metrics"][metric])
+                    result["seconds"].append(seconds)
+                    print(f"  {run_name}: {metric} {scores['held_out'][-1]:.4f}" + (
+                        f", set-aside {scores['selection'][-1]:.4f}" if choice else "")
+                        + f" ({seconds:.0f}s)", flush=True)
+            rate = chosen_rate({float(r): v["selection"] for r, v in grid.items()}) \
+                if choice else task.learning_rate
+            result[init] = grid[f"{rate:g}"]["held_out"]
+            if choice:
+                result["grid"][init], result["chosen_rate"][init] = grid, rate
+                print(f"  {name} {init}: rate {rate:g} chosen on the set-aside examples",
+                      flush=True)
         result["gap"] = float(np.mean(result["pretrained"]) - np.mean(result["random"]))
         result["spread"] = float(max(np.ptp(result["pretrained"]), np.ptp(result["random"])))
         report["finetune"][name] = result
