@@ -28,6 +28,11 @@ by its mean score over the seeds on those set-aside examples, as the original pa
 its fine-tuning rates on a development set; the held-out set, scored at the picked rates, plays
 no part in the choice.
 
+--adapt_steps=N continues the pretrained model for N more masked-LM steps on each task's own
+training texts, unlabelled (less the set-aside examples), before it is fine-tuned: the
+task-adaptive pretraining of Gururangan et al. 2020, "Don't Stop Pretraining". Its minutes
+count towards pretraining's; the random initialisation is fine-tuned as before.
+
 --corpus=austen+present_day adds the VADER archive's 23,703 movie-review, Amazon-review, NYT
 editorial and tweet snippets and WNUT-16's tweets (real text that installs offline), less
 every text the fine-tuning runs hold out; the training texts stay in, unlabelled, as
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import os
 import re
@@ -76,6 +82,11 @@ PRETRAIN = {
     "optimizer.learning_rate": 1e-3, "optimizer.warmup_steps": 300,
     "train.log_every": 100, "train.eval_batches": 16, "quiet": True,
 }
+# Task-adaptive pretraining: a short second phase from the pretrained model on a few hundred
+# thousand words, so a lower peak and a short warmup; masked LM only, as Gururangan et al.
+# ran it, and because a task's snippets, grouped into documents, do not follow each other:
+# NSP on them would train the pooler on noise.
+ADAPT = {"optimizer.learning_rate": 5e-4, "optimizer.warmup_steps": 100, "data.nsp": False}
 # The same for both initialisations. A model this small fine-tunes best at a rate well above
 # BERT-base's 5e-5; tagging's fresh 21-way head learns at 10x that.
 TASKS = {
@@ -252,7 +263,7 @@ def split_off_selection(train_file: str, count: int) -> tuple[str, str]:
     stem, extension = os.path.splitext(train_file)
     if extension == ".tsv":  # a header row, then one example per row
         header, *rows = text.splitlines(keepends=True)
-        parts, joined = [rows[:-count], rows[-count:]], lambda rows: header + "".join(rows)
+        parts, joined = [rows[:-count], rows[-count:]], lambda part: header + "".join(part)
     else:  # tagging: one example per block, blocks separated by a tab line
         blocks = text.split("\n\t\n")
         parts, joined = [blocks[:-count], blocks[-count:]], "\n\t\n".join
@@ -266,6 +277,60 @@ def split_off_selection(train_file: str, count: int) -> tuple[str, str]:
         with open(path, "w", encoding="utf-8") as f:
             f.write(joined(part))
     return paths
+
+
+def training_texts(train_file: str) -> list[str]:
+    """A fine-tuning file's texts without their labels: each text column of a .tsv (every
+    column but the label, the last), or each tweet of a tagging file, its words joined."""
+    with open(train_file, encoding="utf-8") as f:
+        text = f.read()
+    if train_file.endswith(".tsv"):
+        return [cell for row in text.splitlines()[1:] for cell in row.split("\t")[:-1]
+                if cell.strip()]
+    return [_tweet_text(block) for block in text.split("\n\t\n") if block.strip()]
+
+
+def adapt_to_task(name: str, train_file: str, model_dir: str, shard_dir: str,
+                  pretrain_values: dict, steps: int, out: str) -> tuple[str, dict]:
+    """(model directory, record): the pretrained model after `steps` more masked-LM steps on
+    the texts of `train_file`, grouped into documents as the corpus groups snippets and
+    tokenized with the pretraining corpus' SentencePiece. Reused when the same texts and steps
+    were run before (the workdir is named by both)."""
+    texts = training_texts(train_file)
+    key = hashlib.sha256("\n".join(texts).encode()).hexdigest()[:8]
+    workdir = os.path.join(out, "adapt", f"{name}-{key}-{steps}")
+    shards = workdir + "-shards"
+    record = {"texts": len(texts), "steps": steps}
+    documents = _grouped(texts)
+    if not os.path.exists(os.path.join(shards, "manifest.json")):
+        os.makedirs(os.path.dirname(workdir), exist_ok=True)
+        corpus_file = _write_bert(workdir + ".txt", documents)
+        command = [sys.executable, "-m", "bertjax.prepare", f"--input={corpus_file}",
+                   "--format=bert", f"--output={shards}", f"--tokenizer={shard_dir}", "--quiet"]
+        run(command, workdir + "-prepare.log")
+        record["prepare"] = shown(command)
+    every = max(1, steps // 3)
+    # Curve on the held-out share only when it is likely to hold several documents: a
+    # few hundred texts (NER's tweets, --quick) are all trained on, without a curve.
+    heldout = pretrain_values["data.heldout_fraction"]
+    if len(documents) * float(heldout) < 5:
+        heldout, every_eval = 0.0, 0
+    else:
+        every_eval = every
+    command = main_command("configs/tiny.py", workdir, {
+        **pretrain_values, "data.shard_dir": shards, "init_checkpoint": model_dir, **ADAPT,
+        "data.heldout_fraction": heldout, "train.num_steps": steps,
+        "train.eval_every": every_eval, "train.checkpoint_every": every})
+    record["command"] = shown(command)
+    seconds_file = workdir + "-seconds.json"
+    if not os.path.exists(os.path.join(workdir, "model")):
+        seconds = run(command, workdir + ".log")
+        with open(seconds_file, "w") as f:
+            json.dump(seconds, f)
+    with open(seconds_file) as f:
+        record["seconds"] = json.load(f)
+    record["curve"] = curve(workdir)
+    return os.path.join(workdir, "model"), record
 
 
 def chosen_rate(scores: dict[float, list[float]]) -> float:
@@ -288,6 +353,15 @@ def markdown(report: dict) -> str:
     for c in report["cloze"]:
         lines.append(f"| {c['text']} | {c['answer']} | {' '.join(c['pretrained'][:3])} | "
                      f"{' '.join(c['random'][:3])} |")
+    for name, r in report["finetune"].items():
+        if "adapt" in r:
+            a = r["adapt"]
+            held_out = ("held-out masked-LM accuracy on them by step: " + ", ".join(
+                f"{c['step']}: {c['mlm_accuracy']:.3f}" for c in a["curve"])
+                if a["curve"] else "all of them trained on, none held out")
+            lines += ["", f"{name}: the pretrained model fine-tuned after {a['steps']} "
+                      f"task-adaptive steps on {a['texts']} training texts ({a['seconds']:.0f} s;"
+                      f" {held_out})"]
     lines += ["", "| task | metric | pretrained (seeds) | random init (seeds) | gap | "
               "seed spread |", "|---|---|---|---|---|---|"]
     for name, r in report["finetune"].items():
@@ -295,6 +369,9 @@ def markdown(report: dict) -> str:
                      f"{' / '.join(f'{v:.3f}' for v in r['pretrained'])} | "
                      f"{' / '.join(f'{v:.3f}' for v in r['random'])} | {r['gap']:+.3f} | "
                      f"{r['spread']:.3f} |")
+    for name, r in report["finetune"].items():
+        lines += ["", f"{name}, gap by seed: " + ", ".join(
+            f"{g:+.4f}" for g in r["gap_by_seed"])]
     for name, r in report["finetune"].items():
         if "grid" not in r:
             continue
@@ -340,6 +417,9 @@ def main():
     parser.add_argument("--selection_examples", type=int, default=1000,
                         help="with --choose_learning_rate: the training examples set aside "
                         "to choose the rate on (taken from --train_examples)")
+    parser.add_argument("--adapt_steps", type=int, default=0,
+                        help="task-adaptive pretraining steps on each task's training texts "
+                        "before fine-tuning the pretrained model (see above; 0: none)")
     parser.add_argument("--train_examples", type=int, default=0,
                         help="labelled training examples for every task (0: each task's own; "
                         "the held-out set stays the same)")
@@ -375,6 +455,7 @@ def main():
              + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
              + (f" --choose_learning_rate={args.choose_learning_rate}"
                 f" --selection_examples={args.selection_examples}" if choice else "")
+             + (f" --adapt_steps={args.adapt_steps}" if args.adapt_steps else "")
              + (f" --train_examples={args.train_examples}" if args.train_examples else "")
              + (f" --held_out={args.held_out}" if args.held_out else "")
              + (" --lowercase" if args.lowercase else "")
@@ -399,9 +480,10 @@ def main():
 
     pretrained = os.path.join(args.out, "pretrain")
     extra = dict(kv.split("=", 1) for kv in args.pretrain_overrides.split(",") if kv)
-    values = {"data.shard_dir": shard_dir, **PRETRAIN, **extra, "train.num_steps": args.steps,
-              "train.eval_every": args.eval_every, "train.checkpoint_every": args.eval_every}
-    command = main_command("configs/tiny.py", pretrained, values)
+    pretrain_values = {"data.shard_dir": shard_dir, **PRETRAIN, **extra,
+                       "train.num_steps": args.steps, "train.eval_every": args.eval_every,
+                       "train.checkpoint_every": args.eval_every}
+    command = main_command("configs/tiny.py", pretrained, pretrain_values)
     report["commands"]["pretrain"] = shown(command)
     print("pretraining ...", flush=True)
     seconds = run(command, os.path.join(args.out, "pretrain.log"),
@@ -415,7 +497,7 @@ def main():
         reached = max(int(d) for d in os.listdir(os.path.join(pretrained, "checkpoints"))
                       if d.isdigit())
         command = main_command("configs/tiny.py", pretrained,
-                               {**values, "train.num_steps": reached})
+                               {**pretrain_values, "train.num_steps": reached})
         report["commands"]["export"] = shown(command)
         print(f"  stopped at step {reached} by the time limit; exporting it", flush=True)
         run(command, os.path.join(args.out, "export.log"))
@@ -423,8 +505,8 @@ def main():
 
     random_init = os.path.join(args.out, "random_init")
     command = main_command("configs/tiny.py", random_init, {
-        **values, "train.num_steps": 1, "optimizer.learning_rate": 0.0, "train.eval_every": 0,
-        "train.checkpoint_every": 1})
+        **pretrain_values, "train.num_steps": 1, "optimizer.learning_rate": 0.0,
+        "train.eval_every": 0, "train.checkpoint_every": 1})
     report["commands"]["random_init"] = shown(command)
     if not os.path.exists(os.path.join(random_init, "model")):
         run(command, os.path.join(args.out, "random_init.log"))
@@ -462,14 +544,23 @@ def main():
                                                              args.selection_examples)
             eval_file = (eval_file, selection_file)
             result.update(grid={}, chosen_rate={}, selection_examples=args.selection_examples)
-        for init, model in (("pretrained", pretrained_model),
-                            ("random", os.path.join(random_init, "model"))):
+        task_model, label = pretrained_model, "pretrained"
+        if args.adapt_steps:
+            task_model, result["adapt"] = adapt_to_task(
+                name, train_file, pretrained_model, shard_dir, pretrain_values, args.adapt_steps,
+                args.out)
+            label = f"pretrained-adapt{args.adapt_steps}"
+            print(f"  {name}: {args.adapt_steps} task-adaptive steps on "
+                  f"{result['adapt']['texts']} texts in {result['adapt']['seconds']:.0f}s",
+                  flush=True)
+        for init, model, named in (("pretrained", task_model, label),
+                                   ("random", os.path.join(random_init, "model"), "random")):
             grid = {}
             for rate in choice or [task.learning_rate]:
                 scores = grid[f"{rate:g}"] = {"held_out": [], "selection": []}
                 for seed in seeds:
-                    run_name = (f"{name}-{init}-lr{rate:g}-{seed}" if choice
-                                else f"{name}-{init}-{seed}")
+                    run_name = (f"{name}-{named}-lr{rate:g}-{seed}" if choice
+                                else f"{name}-{named}-{seed}")
                     workdir = os.path.join(args.out, "finetune", run_name)
                     subprocess.run(["rm", "-rf", workdir], check=True)
                     os.makedirs(os.path.dirname(workdir), exist_ok=True)
@@ -498,6 +589,8 @@ def main():
                       flush=True)
         result["gap"] = float(np.mean(result["pretrained"]) - np.mean(result["random"]))
         result["spread"] = float(max(np.ptp(result["pretrained"]), np.ptp(result["random"])))
+        result["gap_by_seed"] = [p - r for p, r in zip(result["pretrained"], result["random"],
+                                                       strict=True)]
         report["finetune"][name] = result
         with open(os.path.join(args.out, "results.json"), "w") as f:
             json.dump(report, f, indent=1)
