@@ -312,15 +312,13 @@ def adapt_to_task(name: str, train_file: str, model_dir: str, shard_dir: str,
     every = max(1, steps // 3)
     # Curve on the held-out share only when it is likely to hold several documents: a
     # few hundred texts (NER's tweets, --quick) are all trained on, without a curve.
-    heldout = pretrain_values["data.heldout_fraction"]
-    if len(documents) * float(heldout) < 5:
-        heldout, every_eval = 0.0, 0
-    else:
-        every_eval = every
+    heldout = float(pretrain_values["data.heldout_fraction"])
+    if len(documents) * heldout < 5:
+        heldout = 0.0
     command = main_command("configs/tiny.py", workdir, {
         **pretrain_values, "data.shard_dir": shards, "init_checkpoint": model_dir, **ADAPT,
         "data.heldout_fraction": heldout, "train.num_steps": steps,
-        "train.eval_every": every_eval, "train.checkpoint_every": every})
+        "train.eval_every": every if heldout else 0, "train.checkpoint_every": every})
     record["command"] = shown(command)
     seconds_file = workdir + "-seconds.json"
     if not os.path.exists(os.path.join(workdir, "model")):
@@ -438,6 +436,8 @@ def main():
     except ValueError:
         parser.error(f"--choose_learning_rate={args.choose_learning_rate!r}: expected "
                      "comma-separated rates, e.g. 2e-4,5e-4,1e-3")
+    if args.adapt_steps < 0:
+        parser.error(f"--adapt_steps={args.adapt_steps}: expected a step count, 0 for none")
     if choice and args.learning_rate:
         parser.error("--choose_learning_rate and --learning_rate exclude each other")
     # Set in TASKS itself: heldout_texts() leaves the same examples out of the corpus.
