@@ -27,33 +27,41 @@ from bertjax.training import events
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 
-# Dense (not sparse) bf16 peak FLOP/s per chip from the vendors' data sheets, by device_kind
-# prefix (the first match wins, so specific names come first). Chips not listed: set
+# Dense (not sparse) bf16 peak FLOP/s per chip from the vendors' data sheets, with every
+# device_kind the chip reports (JAX's TPU names, the CUDA device name). Kinds match whole
+# (case and spacing aside), never by prefix: "NVIDIA L4" must not price an L40, nor "NVIDIA
+# A10" an A10G. Chips not listed (0: a measured matmul instead): set
 # train.peak_flops_per_device.
-PEAK_FLOPS = {
-    "TPU7x": 2307e12,  # Ironwood
-    "TPU v6 lite": 918e12,
-    "TPU v6e": 918e12,
-    "TPU v5 lite": 197e12,
-    "TPU v5e": 197e12,
-    "TPU v5p": 459e12,
-    "TPU v5": 459e12,
-    "TPU v4": 275e12,
-    "TPU v3": 123e12,
-    "TPU v2": 45e12,
-    "NVIDIA GB200": 2500e12,
-    "NVIDIA B200": 2250e12,
-    "NVIDIA H100 PCIe": 756e12,
-    "NVIDIA H100": 989e12,
-    "NVIDIA H200": 989e12,
-    "NVIDIA H800": 989e12,
-    "NVIDIA A100": 312e12,
-    "NVIDIA A800": 312e12,
-    "NVIDIA L40S": 362e12,
-    "NVIDIA L4": 121e12,
-    "NVIDIA A10": 125e12,
-    "Tesla V100": 125e12,  # float16: V100 has no bfloat16
-}
+_CHIPS = (
+    (2307e12, ("TPU7x",)),  # Ironwood
+    (918e12, ("TPU v6 lite", "TPU v6e")),  # Trillium
+    (459e12, ("TPU v5", "TPU v5p")),
+    (197e12, ("TPU v5 lite", "TPU v5e")),
+    (275e12, ("TPU v4",)),
+    (123e12, ("TPU v3",)),
+    (45e12, ("TPU v2",)),
+    (2500e12, ("NVIDIA GB200",)),
+    (2250e12, ("NVIDIA B200",)),
+    (989e12, ("NVIDIA H100 80GB HBM3", "NVIDIA H200", "NVIDIA H800")),  # SXM
+    (835e12, ("NVIDIA H100 NVL", "NVIDIA H200 NVL")),
+    (756e12, ("NVIDIA H100 PCIe",)),
+    (312e12, ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-80GB", "NVIDIA A100-PCIE-40GB",
+              "NVIDIA A100 80GB PCIe", "NVIDIA A800-SXM4-80GB", "NVIDIA A800 80GB PCIe")),
+    (362e12, ("NVIDIA L40S",)),
+    (181e12, ("NVIDIA L40",)),
+    (121e12, ("NVIDIA L4",)),
+    (125e12, ("NVIDIA A10",)),
+    # float16: V100 has no bfloat16.
+    (125e12, ("Tesla V100-SXM2-16GB", "Tesla V100-SXM2-32GB")),
+    (112e12, ("Tesla V100-PCIE-16GB", "Tesla V100-PCIE-32GB")),
+)
+
+
+def _normal_kind(device_kind: str) -> str:
+    return " ".join(device_kind.lower().split())
+
+
+PEAK_FLOPS = {_normal_kind(kind): flops for flops, kinds in _CHIPS for kind in kinds}
 
 
 def encoder_flops_per_sequence(config: BertConfig, seq_len: int,
@@ -113,8 +121,7 @@ def peak_flops(devices, per_device: float = 0.0) -> float:
 
 def table_peak_flops(device_kind: str) -> float:
     """One device's dense peak FLOP/s from PEAK_FLOPS, or 0 for a kind it does not list."""
-    return next((flops for prefix, flops in PEAK_FLOPS.items()
-                 if device_kind.startswith(prefix)), 0.0)
+    return PEAK_FLOPS.get(_normal_kind(device_kind), 0.0)
 
 
 def format_duration(seconds: float) -> str:
