@@ -182,6 +182,14 @@ def validate(config: ml_collections.ConfigDict) -> Task:
         raise ValueError("init_checkpoint is empty: set it to a model directory (python -m "
                          "bertjax.convert output, a run's WORKDIR/model) or a pretraining "
                          "workdir")
+    # Task.load would find this only after the checkpoint was opened (and, through a
+    # launcher, after the machines were created).
+    if not config.task.train_file and not config.task.tfds_name:
+        raise ValueError("task.train_file and task.tfds_name are both empty: set one of them "
+                         "to the training data (--config.task.train_file=... or "
+                         "--config.task.tfds_name=...)")
+    if config.task.train_file and config.task.tfds_name:
+        raise ValueError("task.train_file and task.tfds_name are both set: set one of them")
     best = config.task.best_metric or task.best_metric
     if best not in task.higher_is_better:
         raise ValueError(f"task.best_metric {best!r}: for {task.name} expected one of "
