@@ -299,13 +299,14 @@ def launch(overrides: list[str]) -> int:
                           "bucket, so --workdir must be gs://BUCKET/PATH")
 
     launchlib.check_config(FLAGS.config, FLAGS.workdir, overrides)
+    if ship_code:
+        launchlib.check_config_in_source(FLAGS.source, FLAGS.ref, FLAGS.config)
     runner = Runner(FLAGS.dry_run, FLAGS.poll_seconds)
     project = launchlib.resolve_project(FLAGS.project, runner)
     if runner.dry_run:
         runner.note("dry run: these commands would run, in this order; none is run")
     staging = None
     if ship_code:
-        launchlib.check_config_in_source(FLAGS.source, FLAGS.ref, FLAGS.config, runner.dry_run)
         tarball = launchlib.archive_source(runner, FLAGS.ref)
         staging = f"gs://{bucket}/bertjax-launch/{name}"
         if runner.run(["gcloud", "storage", "cp", str(tarball),

@@ -4,9 +4,9 @@ Both launchers turn their flags into a list of commands (gcloud, git) and run th
 order with `Runner`, which in dry-run mode prints each command on one line and runs none.
 Lines that are not commands start with `#`, so a dry run reads as an annotated script.
 Before any of them, `check_config` parses the config and its overrides with bertjax.main's own
-parser, in a child process of this Python (so the launchers need bertjax's environment, e.g.
-`.venv/bin/python launch/tpu_vm.py ...`): a bad key fails here, not on the workers after the
-machines were paid for.
+parser and validates the values as bertjax.main does, in a child process of this Python (so the
+launchers need bertjax's environment, e.g. `.venv/bin/python launch/tpu_vm.py ...`): a bad key
+or value fails here, not on the workers after the machines were paid for.
 """
 from __future__ import annotations
 
@@ -36,6 +36,10 @@ SSH_TRIES = 4
 # Values a run cannot start without, by config.mode: bertjax.main would find them missing only
 # on the workers, after the machines were created and set up.
 REQUIRED_VALUES = {"pretrain": ["data.shard_dir"], "finetune": ["init_checkpoint"]}
+# The module whose `validate(config)` bertjax.main's run calls first, by config.mode: the check
+# calls it too, so a value the run would refuse is refused before any machine exists.
+VALIDATORS = {"pretrain": "bertjax.training.pretrain_config",
+              "finetune": "bertjax.training.finetune_config"}
 
 # Resource names (TPU VMs, queued resources, Batch jobs) share the RFC 1035 rule.
 _NAME_RE = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")
@@ -139,10 +143,16 @@ def main_command(config: str | None, workdir: str, overrides: Sequence[str]) -> 
 
 
 _CHECK_CONFIG = """
+import importlib
 import sys
-from bertjax import main
-argv = ["bertjax.main", *sys.argv[1:]]
-main.parse_flags(argv)
+import jax
+# As bertjax.main's __main__ does before parsing, so JAX's own flags (--jax_platforms=tpu, ...)
+# are accepted here exactly when the workers accept them.
+jax.config.config_with_absl()
+from bertjax import cli, main
+rest = main.parse_flags(["bertjax.main", *sys.argv[1:]])
+if len(rest) > 1:
+    sys.exit(f"bertjax.main: error: unexpected arguments: {' '.join(rest[1:])}")
 config = main._CONFIG.value
 if config.mode not in main.MODES:
     sys.exit(f"bertjax.main: error: config.mode {config.mode!r}: expected one of "
@@ -154,34 +164,64 @@ for key in REQUIRED.get(config.mode, []):
     if not value:
         sys.exit(f"bertjax.main: error: config.{key} is empty: a {config.mode} run needs it "
                  f"(--config.{key}=...)")
+with cli.one_line_errors("bertjax.main"):
+    importlib.import_module(VALIDATORS[config.mode]).validate(config)
 """
 
 
+def child_env() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH, for the child
+    Pythons that run bertjax itself (the config check, the TPU plan)."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(
+        filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
+
+
+def error_line(stderr: str, returncode: int) -> str:
+    """What a failed bertjax.main child said was wrong: its one `bertjax.main: error:` line
+    (or absl's flag error), else its last line."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for index, line in enumerate(lines):
+        if not line.startswith(("bertjax.main: error:", "FATAL Flags parsing error:")):
+            continue
+        reason = line.split("error:", 1)[1].strip()
+        if reason and not reason.endswith(":"):
+            return reason
+        # A config file that raised: absl names the flag on the next line and prints the
+        # file's traceback, whose last exception line says what was wrong.
+        raised = [found for found in lines[index + 1:]
+                  if re.match(r"[\w.]+(Error|Exception): ", found)]
+        return " ".join(filter(None, [reason, *lines[index + 1:index + 2], *raised[-1:]]))
+    return lines[-1] if lines else f"exit {returncode}"
+
+
+def missing_module(stderr: str) -> str | None:
+    """The import error line when the child could not import bertjax or its dependencies."""
+    lines = [line.strip() for line in stderr.splitlines()
+             if "ModuleNotFoundError" in line or "No module named" in line]
+    return lines[-1] if lines else None
+
+
 def check_config(config: str, workdir: str, overrides: Sequence[str]) -> None:
-    """Parses CONFIG and OVERRIDES as `python -m bertjax.main` will on the workers.
+    """Parses CONFIG and OVERRIDES as `python -m bertjax.main` will on the workers, and
+    validates the values as its run does first.
 
     It runs bertjax.main's own flag parser in a child of this Python (bertjax.main defines
     `--config` and `--workdir` too, so it cannot share this process's flags), from the
     repository root, where the workers run it too.
     """
-    code = f"REQUIRED = {REQUIRED_VALUES!r}\n{_CHECK_CONFIG}"
+    code = f"REQUIRED = {REQUIRED_VALUES!r}\nVALIDATORS = {VALIDATORS!r}\n{_CHECK_CONFIG}"
     result = subprocess.run(
         [sys.executable, "-c", code, f"--config={config}", f"--workdir={workdir}", *overrides],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(
-            filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))})
+        cwd=REPO_ROOT, capture_output=True, text=True, check=False, env=child_env())
     if result.returncode == 0:
         return
-    lines = [line.strip() for line in result.stderr.splitlines() if line.strip()]
-    if any("ModuleNotFoundError" in line for line in lines):
-        raise LaunchError(f"cannot check --config={config}: {lines[-1]}. The launcher checks it "
+    missing = missing_module(result.stderr)
+    if missing:
+        raise LaunchError(f"cannot check --config={config}: {missing}. The launcher checks it "
                           f"with bertjax's own parser, so run it with bertjax's environment "
                           f"(`make install`, then .venv/bin/python launch/...)")
-    reasons = [line.split("error:", 1)[1].strip() for line in lines
-               if line.startswith(("bertjax.main: error:", "FATAL Flags parsing error:"))]
-    reason = reasons[0] if reasons else (lines[-1] if lines else f"exit {result.returncode}")
     raise LaunchError(f"--config={config} with the overrides after `--` would fail on the "
-                      f"workers: {reason}")
+                      f"workers: {error_line(result.stderr, result.returncode)}")
 
 
 def env_exports(env: dict[str, str]) -> list[str]:
@@ -310,13 +350,9 @@ def resolve_project(project: str | None, runner: Runner) -> str:
 
 
 def archive_source(runner: Runner, ref: str) -> Path:
-    """`git archive` of REF into a local tarball that unpacks to bertjax/."""
+    """`git archive` of REF (a commit: check_config_in_source checked it) into a local
+    tarball that unpacks to bertjax/."""
     tarball = runner.tmpdir / ARCHIVE_NAME
-    if not runner.dry_run:
-        found = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet",
-                                f"{ref}^{{commit}}"], capture_output=True, check=False)
-        if found.returncode != 0:
-            raise LaunchError(f"--ref={ref} is not a commit of {REPO_ROOT}")
     status = runner.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar.gz",
                          "--prefix=bertjax/", f"--output={tarball}", ref])
     if status != 0:
@@ -324,13 +360,25 @@ def archive_source(runner: Runner, ref: str) -> Path:
     return tarball
 
 
-def check_config_in_source(source: str, ref: str, config: str, dry_run: bool) -> None:
-    """Fails before any VM exists when the shipped commit lacks the config file."""
-    if source != "local" or dry_run:
+def config_file(config: str) -> str:
+    """The file of a `--config` value: `configs/base.py:phase2` is configs/base.py with the
+    argument `phase2`, as bertjax.main (ml_collections) reads it."""
+    return config.split(":", 1)[0]
+
+
+def check_config_in_source(source: str, ref: str, config: str) -> None:
+    """Fails before any VM exists when --ref is not a commit or lacks the config file. Local
+    and read-only, so a dry run checks it too."""
+    if source != "local":
         return
-    found = subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", f"{ref}:{config}"],
+    found = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "--verify", "--quiet",
+                            f"{ref}^{{commit}}"], capture_output=True, check=False)
+    if found.returncode != 0:
+        raise LaunchError(f"--ref={ref} is not a commit of {REPO_ROOT}")
+    path = config_file(config)
+    found = subprocess.run(["git", "-C", str(REPO_ROOT), "cat-file", "-e", f"{ref}:{path}"],
                            capture_output=True, check=False)
     if found.returncode != 0:
-        raise LaunchError(f"--config={config} is not in {ref} of {REPO_ROOT}: the workers get "
-                          "that commit (commit the file, or fix the path: it is relative to the "
-                          "repository root)")
+        raise LaunchError(f"--config={config}: {path} is not in {ref} of {REPO_ROOT}: the "
+                          "workers get that commit (commit the file, or fix the path: it is "
+                          "relative to the repository root)")

@@ -345,12 +345,12 @@ def launch(overrides: list[str]) -> int:
     if FLAGS.retries < 0:
         raise LaunchError(f"--retries={FLAGS.retries}: expected 0 or more")
     launchlib.check_config(FLAGS.config, FLAGS.workdir, overrides)
+    launchlib.check_config_in_source(FLAGS.source, FLAGS.ref, FLAGS.config)
 
     runner = Runner(FLAGS.dry_run, FLAGS.poll_seconds)
     project = launchlib.resolve_project(FLAGS.project, runner)
     if runner.dry_run:
         runner.note("dry run: these commands would run, in this order; none is run")
-    launchlib.check_config_in_source(FLAGS.source, FLAGS.ref, FLAGS.config, runner.dry_run)
     tarball = launchlib.archive_source(runner, FLAGS.ref) if FLAGS.source == "local" else None
     setup = launchlib.worker_setup(_BASE, FLAGS.source, FLAGS.git_url, FLAGS.ref,
                                    f"{_BASE}/{launchlib.ARCHIVE_NAME}", "tpu", FLAGS.python_version)

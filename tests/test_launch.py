@@ -294,6 +294,13 @@ def test_batch_container_image_path_and_gpu_flags():
     (TPU, None, ["--", "--config.train.num_steps=many", SHARDS], "num_steps=many"),
     (TPU, None, ["--"], "config.data.shard_dir is empty"),
     (TPU, "--config", ["--config=configs/nope.py"], "configs/nope.py"),
+    (TPU, "--config", ["--config=configs/tiny.py:nope"], "recipe 'nope': expected one of"),
+    # Values bertjax.main's run refuses first (pretrain_config.validate), not only its parser.
+    (TPU, None, ["--", "--config.model.dtype=fp16", SHARDS], "model.dtype 'fp16'"),
+    (TPU, None, ["--", "--config.train.profile_steps=(5,2)", SHARDS], "profile_steps (5, 2)"),
+    (TPU, None, ["--", "--jax_no_such_flag=1", SHARDS], "jax_no_such_flag"),
+    (TPU, None, ["--", "stray", SHARDS], "unexpected arguments: stray"),
+    (TPU, None, ["--ref=no-such-ref"], "--ref=no-such-ref is not a commit"),
     (BATCH, "--project", [], "missing --project"),
     (BATCH, "--region", [], "missing --region"),
     (BATCH, "--workdir", [], "missing --workdir: pass --workdir=gs://BUCKET/PATH"),
@@ -305,6 +312,9 @@ def test_batch_container_image_path_and_gpu_flags():
     (BATCH, None, ["--", "--config.optimizer.lr=1e-3", SHARDS], "optimizer has no key 'lr'"),
     (BATCH, "--config", ["--config=configs/finetune/classify.py", "--"],
      "config.init_checkpoint is empty"),
+    (BATCH, "--config", ["--config=configs/finetune/classify.py", "--",
+                         "--config.init_checkpoint=gs://b/model"],
+     "task.train_file and task.tfds_name are both empty"),
 ])
 def test_bad_input_fails_with_one_clear_line_and_runs_nothing(script, drop, extra, expected):
     base = TPU_ARGS if script == TPU else BATCH_ARGS
@@ -315,6 +325,37 @@ def test_bad_input_fails_with_one_clear_line_and_runs_nothing(script, drop, extr
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], lines
+
+
+def test_jax_flags_after_the_separator_pass_as_bertjax_main_takes_them():
+    extra = ["--jax_platforms=tpu", "--jax_default_matmul_precision=highest", "--distributed=on"]
+    start = commands(dry_run(TPU, *TPU_ARGS, "--", SHARDS, *extra))[5]
+    assert started_argv(flag(start, "--command")) == [*MAIN, SHARDS, *extra]
+
+
+@pytest.mark.parametrize("script", [TPU, BATCH])
+def test_a_config_argument_is_checked_in_the_shipped_commit_and_reaches_the_workers(script):
+    base = TPU_ARGS if script == TPU else BATCH_ARGS
+    args = [a for a in base if not a.startswith("--config=")]
+    phase2 = [SHARDS, "--config.init_checkpoint=gs://b/phase1"]
+    out = dry_run(script, *args, "--config=configs/base.py:phase2", "--", *phase2)
+    cmds = commands(out)
+    assert cmds[0][:4] == ["git", "-C", str(REPO), "archive"]
+    main = ["python", "-m", "bertjax.main", "--config=configs/base.py:phase2",
+            "--workdir=gs://b/run", *phase2]
+    if script == TPU:
+        assert started_argv(flag(cmds[5], "--command")) == main
+    else:
+        script_lines = batch_config(out)[1]["taskGroups"][0]["taskSpec"]["runnables"]
+        assert after_last_and(script_lines[-1]["script"]["text"].splitlines()[-1]) == main
+
+
+def test_every_mode_of_bertjax_main_is_validated_by_the_check():
+    code = "import json, launchlib; print(json.dumps(sorted(launchlib.VALIDATORS)))"
+    checked = subprocess.run([sys.executable, "-c", code], cwd=REPO / "launch",
+                             capture_output=True, text=True, check=True).stdout
+    from bertjax import main
+    assert json.loads(checked) == sorted(main.MODES)
 
 
 def test_local_workdir_is_accepted_only_when_asked():
@@ -488,18 +529,19 @@ def test_local_source_ships_the_committed_tree_to_every_worker(tmp_path):
             "bertjax/bertjax/__init__.py"} <= set(shipped)
 
 
-def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path):
+@pytest.mark.parametrize("dry", [[], ["--dry_run"]])
+def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path, dry):
     # Present here (so it parses), absent from the commit the workers would get.
     config = REPO / "configs" / "uncommitted_test_config.py"
     config.write_text((REPO / "configs" / "tiny.py").read_text())
     try:
         args = [a for a in TPU_ARGS if not a.startswith("--config=")]
-        result = launch(TPU, *args, f"--config={config.relative_to(REPO)}", "--", SHARDS,
-                        env=fake_gcloud_env(tmp_path, "ok"))
+        result = launch(TPU, *dry, *args, f"--config={config.relative_to(REPO)}:context", "--",
+                        SHARDS, env=fake_gcloud_env(tmp_path, "ok"))
     finally:
         config.unlink()
-    assert result.returncode == 2
-    assert "--config=configs/uncommitted_test_config.py is not in HEAD" in result.stderr
+    assert result.returncode == 2 and result.stdout == ""
+    assert "configs/uncommitted_test_config.py is not in HEAD" in result.stderr
     assert not (tmp_path / "calls.jsonl").exists()
 
 
