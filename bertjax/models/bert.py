@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import attention as attention_lib
 from bertjax.models.dropout import MASK_BITS, make_dropout
 
 Dtype = Any
@@ -65,6 +66,11 @@ class BertConfig:
     # same outputs for fewer FLOPs. Dropout masks of that layer have the smaller shape, so a
     # run draws other masks than with False.
     sparse_last_layer: bool = True
+    # Self-attention's implementation (models/attention.py): xla (jax.nn.dot_product_attention,
+    # or explicit scores when the probabilities drop out) | splash (TPU's Pallas kernel: no
+    # [B, H, L, L] scores kept; needs attention_probs_dropout_prob=0; lengths that are not
+    # multiples of 128, the sparse last layer's queries and explicit attention masks run xla).
+    attention: str = "xla"
     dtype: Dtype = jnp.float32  # compute dtype (bfloat16 on accelerators)
     param_dtype: Dtype = jnp.float32
 
@@ -84,6 +90,13 @@ class BertConfig:
         if self.dropout_mask_bits not in MASK_BITS:
             raise ValueError(f"dropout_mask_bits {self.dropout_mask_bits}: expected one of "
                              f"{MASK_BITS}")
+        if self.attention not in attention_lib.ATTENTIONS:
+            raise ValueError(f"attention {self.attention!r}: expected one of "
+                             f"{attention_lib.ATTENTIONS}")
+        if self.attention == "splash" and self.attention_probs_dropout_prob:
+            raise ValueError(f"attention 'splash' has no dropout on the attention "
+                             f"probabilities: set attention_probs_dropout_prob to 0, not "
+                             f"{self.attention_probs_dropout_prob}")
         if not hasattr(jax.checkpoint_policies, self.remat_policy):
             raise ValueError(f"remat_policy {self.remat_policy!r}: expected a name of "
                              f"jax.checkpoint_policies (nothing_saveable, "
@@ -204,7 +217,13 @@ tied_logits.defvjp(_tied_logits_fwd, _tied_logits_bwd)
 
 def multi_head_attention(c: BertConfig, q_BLHK, k_BSHK, v_BSHK, mask_B1LS, deterministic: bool):
     """Scaled dot-product attention of L queries over S keys; called inside a compact module
-    (the probabilities' dropout is a submodule of it)."""
+    (the probabilities' dropout is a submodule of it). The mask is a bool array [B, 1, L|1,
+    S], or an `attention.SegmentMask` (attention='splash')."""
+    if isinstance(mask_B1LS, attention_lib.SegmentMask):
+        if attention_lib.splash_fits(q_BLHK.shape[1], k_BSHK.shape[1]):
+            # attention='splash' implies attention_probs_dropout_prob=0 (BertConfig checks).
+            return attention_lib.splash_attention(q_BLHK, k_BSHK, v_BSHK, mask_B1LS)
+        mask_B1LS = mask_B1LS.dense()
     if deterministic or c.attention_probs_dropout_prob == 0.0:
         # The fused path: cuDNN / flash kernels apply on GPU.
         return jax.nn.dot_product_attention(q_BLHK, k_BSHK, v_BSHK, mask=mask_B1LS)
@@ -263,6 +282,8 @@ def gather_positions(x_BLD, positions_BP):
 def mask_rows(mask_B1QL, positions_BP):
     """The attention mask's rows for the queries at `positions_BP`; a padding mask [B, 1, 1,
     L] is the same row for every query."""
+    if isinstance(mask_B1QL, attention_lib.SegmentMask):
+        return mask_B1QL.rows(positions_BP)
     if mask_B1QL.shape[2] == 1:
         return mask_B1QL
     rows_B1P1 = positions_BP[:, None, :, None].astype(jnp.int32)
@@ -459,6 +480,9 @@ class BertModel(nn.Module):
         """
         if attention_mask is not None:
             mask = attention_mask
+        elif self.config.attention == "splash":  # the kernel's form of the same masks
+            mask = (attention_lib.padding_segments(input_mask) if example_ids is None
+                    else attention_lib.packed_segments(example_ids))
         elif example_ids is None:
             mask = input_mask.astype(bool)[:, None, None, :]
         else:
