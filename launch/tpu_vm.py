@@ -41,7 +41,8 @@ flags.DEFINE_bool("queued_resource", False, "Request the slice through a queued 
 flags.DEFINE_bool("keep", False, "Do not delete the TPU at the end (to inspect or rerun).")
 flags.DEFINE_bool("attach", False, "Watch a run this launcher started earlier on the TPU "
                   "--name (after Ctrl-C, or from another machine) instead of starting one; "
-                  "needs only --name, --zone and --project.")
+                  "needs only --name, --zone and --project, and --queued_resource and "
+                  "--internal_ip when the run was started with them.")
 
 # The shared flags (--project, --config, --workdir, ...) show in this script's --help.
 flags.adopt_module_key_flags(launchlib)
@@ -136,6 +137,7 @@ class TpuSlice:
     def __init__(self, runner: Runner, name: str, project: str, zone: str, queued: bool,
                  internal_ip: bool = False):
         self.runner, self.name, self.queued = runner, name, queued
+        self.project, self.zone, self.internal_ip = project, zone, internal_ip
         self.where = [f"--project={project}", f"--zone={zone}"]
         kind = "queued-resources" if self.queued else "tpu-vm"
         self.gcloud = ["gcloud", "compute", "tpus", kind]
@@ -381,7 +383,7 @@ def launch(overrides: list[str]) -> int:
             tpu.delete()
     except KeyboardInterrupt:
         if tpu.created and _started(tpu):
-            _note_detached(tpu, zone, project)
+            _note_detached(tpu)
             return 130
         raise
     finally:
@@ -401,11 +403,23 @@ def _started(tpu: TpuSlice) -> bool:
     return tpu.detached
 
 
-def _note_detached(tpu: TpuSlice, zone: str, project: str) -> None:
+def attach_command(tpu: TpuSlice) -> list[str]:
+    """The launcher command that watches TPU's run again: every flag that finds the slice
+    (a queued resource is described and deleted as one) and reaches it (by internal IPs),
+    and --keep, so the TPU outlives the run as the first command asked."""
+    return ["python", "launch/tpu_vm.py", "--attach", f"--name={tpu.name}",
+            f"--zone={tpu.zone}", f"--project={tpu.project}",
+            *(["--queued_resource"] if tpu.queued else []),
+            *(["--internal_ip"] if tpu.internal_ip else []),
+            *(["--keep"] if FLAGS.keep else [])]
+
+
+def _note_detached(tpu: TpuSlice) -> None:
+    then = "" if FLAGS.keep else " (and delete the TPU when it ends)"
     tpu.runner.note(
-        f"stopped watching; the run goes on on {tpu.name}. Watch it again (and delete the TPU "
-        f"when it ends) with: python launch/tpu_vm.py --attach --name={tpu.name} --zone={zone} "
-        f"--project={project}\nor delete it now with: {shlex.join(tpu.delete_command())}")
+        f"stopped watching; the run goes on on {tpu.name}. Watch it again{then} with: "
+        f"{shlex.join(attach_command(tpu))}\nor delete it now with: "
+        f"{shlex.join(tpu.delete_command())}")
 
 
 def attach(zone: str) -> int:
@@ -423,7 +437,7 @@ def attach(zone: str) -> int:
                     "command (same --workdir: it resumes from the last checkpoint)")
         status = launchlib.SSH_FAILED
     except KeyboardInterrupt:
-        _note_detached(tpu, zone, project)
+        _note_detached(tpu)
         return 130
     if FLAGS.keep:
         runner.note(f"--keep: {name} is left running; delete it with: "

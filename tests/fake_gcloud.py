@@ -13,6 +13,9 @@ poll and stop commands run for real. Scenarios ($FAKE_GCLOUD_SCENARIO):
   fail        worker 1 exits 3; the others would hang (as in a collective) until stopped
   crash       (Batch) the job fails with an ordinary exit code
 
+A queued resource (`queued-resources create|describe|delete`) is the same slice, ACTIVE at
+once.
+
 Batch jobs: `describe` answers FAILED for a job whose name does not end in -r1 (in the
 preempt and crash scenarios), `tasks list` reports exit code 50001 (preempted) or 1.
 """
@@ -135,14 +138,19 @@ def main(argv: list[str]) -> int:
     elif argv[:4] == ["compute", "tpus", "tpu-vm", "scp"]:
         with tarfile.open(argv[4]) as shipped:
             (HERE / "shipped.txt").write_text("\n".join(shipped.getnames()))
-    elif argv[:4] == ["compute", "tpus", "tpu-vm", "create"]:
+    elif argv[:2] == ["compute", "tpus"] and argv[3] == "create":
         STATE.write_text("READY")
         for index in range(WORKERS):
             worker_home(index).mkdir(parents=True, exist_ok=True)
-    elif argv[:4] == ["compute", "tpus", "tpu-vm", "delete"]:
+    elif argv[:2] == ["compute", "tpus"] and argv[3] == "delete":
         kill_workers()
         STATE.unlink(missing_ok=True)
         subprocess.run(["rm", "-rf", str(HERE / "workers")], check=True)
+    elif argv[:4] == ["compute", "tpus", "queued-resources", "describe"]:
+        if not STATE.exists():
+            print("ERROR: NOT_FOUND", file=sys.stderr)
+            return 1
+        print({"READY": "ACTIVE", "PREEMPTED": "SUSPENDED"}[STATE.read_text()])
     elif argv[:4] == ["compute", "tpus", "tpu-vm", "describe"]:
         if not STATE.exists():
             print("ERROR: NOT_FOUND", file=sys.stderr)

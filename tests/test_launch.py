@@ -484,7 +484,8 @@ def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
     launcher = subprocess.Popen(
         [sys.executable, str(REPO / "launch" / TPU), *args, f"--workdir={workdir}",
          "--allow_local_workdir", "--source=git", "--git_url=https://example.com/bertjax.git",
-         "--poll_seconds=0.2", "--", SHARDS], cwd=REPO, env=env, text=True,
+         "--queued_resource", "--internal_ip", "--poll_seconds=0.2", "--", SHARDS],
+        cwd=REPO, env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # Ctrl-C once the run is going on both workers (the fake starts them one after the other).
@@ -500,12 +501,21 @@ def test_ctrl_c_leaves_the_run_going_and_attach_watches_it_to_the_end(tmp_path):
     assert "delete" not in verbs(tmp_path)
 
     (tmp_path / "release").touch()  # the training goes on to its end
-    attached = launch(TPU, "--attach", "--name=bert1", "--zone=us-central2-b", "--project=proj",
-                      "--poll_seconds=0.2", env=env)
+    # The command the launcher printed, as given: it must find the queued resource and reach
+    # the workers by their internal IPs as the first command did.
+    (printed,) = [line.split(" with: ", 1)[1] for line in stderr.splitlines()
+                  if "Watch it again" in line]
+    python, script, *attach_args = shlex.split(printed)
+    assert [python, script] == ["python", "launch/tpu_vm.py"]
+    calls_before = len(gcloud_calls(tmp_path)[1])
+    attached = launch(TPU, *attach_args, "--poll_seconds=0.2", env=env)
     assert attached.returncode == 0, attached.stderr
     assert "worker 0: step 2, done" in attached.stdout
     assert verbs(tmp_path)[-1] == "delete" and verbs(tmp_path).count("ssh:start") == 1
     assert "step 2, done" in (workdir / "logs" / "bert1-0" / "worker-1.log").read_text()
+    attach_calls = gcloud_calls(tmp_path)[1][calls_before:]
+    assert all("--internal-ip" in c for c in attach_calls if c[3] == "ssh"), attach_calls
+    assert attach_calls[-1][2:5] == ["queued-resources", "delete", "bert1"]
 
 
 def test_a_tpu_name_in_use_is_refused_and_left_alone(tmp_path):
