@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from bertjax.models import attention
 from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import pretrain_config, sharding
+from bertjax.training import finetune, finetune_config, pretrain, pretrain_config, sharding
 
 # The kernel's blocks are 128 positions: the shortest length it runs at.
 L = 128
@@ -156,3 +156,31 @@ def test_splash_with_dropout_on_the_probabilities_is_an_error():
         dataclasses.replace(SMALL, attention="splash", attention_probs_dropout_prob=0.1)
     with pytest.raises(ValueError, match="attention 'flash': expected one of"):
         dataclasses.replace(SMALL, attention="flash")
+    for config in (pretrain_config.defaults("tiny"), finetune_config.defaults()):
+        config.model.attention = "splash"  # attention_probs_dropout_prob stays 0.1
+        with pytest.raises(ValueError, match=r"model.attention_probs_dropout_prob=0 \(it is "
+                                             r"0.1\)"):
+            pretrain_config.check_attention(config.model)
+        config.model.attention = "flash"
+        with pytest.raises(ValueError, match="model.attention 'flash': expected one of xla, "
+                                             "splash"):
+            pretrain_config.check_attention(config.model)
+
+
+def test_the_config_key_reaches_the_model():
+    pretraining = pretrain_config.defaults("tiny")
+    finetuning = finetune_config.defaults()
+    for config in (pretraining, finetuning):
+        config.model.attention = "splash"
+        config.model.attention_probs_dropout_prob = 0.0
+    assert pretrain.model_config(pretraining.model, 100).attention == "splash"
+    assert finetune.task_model_config(BertConfig(), finetuning.model).attention == "splash"
+
+
+def test_validate_checks_the_attention():
+    config = pretrain_config.defaults("tiny")
+    config.model.attention = "splash"
+    with pytest.raises(ValueError, match="model.attention_probs_dropout_prob=0"):
+        pretrain_config.validate(config)
+    config.model.attention_probs_dropout_prob = 0.0
+    pretrain_config.validate(config)

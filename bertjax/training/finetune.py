@@ -54,7 +54,8 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
         attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
         remat_policy=model.remat_policy, scan_layers=model.scan_layers,
         dropout_mask_bits=model.dropout_mask_bits,
-        sparse_last_layer=model.sparse_last_layer, dtype=compute_dtype(model.dtype))
+        sparse_last_layer=model.sparse_last_layer, attention=model.attention,
+        dtype=compute_dtype(model.dtype))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:

@@ -17,8 +17,9 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax import files
-from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_dropout,
-                                              check_profile_steps, check_remat_policy)
+from bertjax.training.pretrain_config import (DEFAULT_RULES, DTYPES, check_attention,
+                                              check_dropout, check_profile_steps,
+                                              check_remat_policy)
 
 if TYPE_CHECKING:
     from bertjax.tasks.base import Task
@@ -122,6 +123,11 @@ def defaults() -> ml_collections.ConfigDict:
     # still come from every position, so the outputs are the same, for 13% fewer FLOPs and a
     # 1.17x faster step in mini pretraining on a CPU. That layer's dropout masks differ.
     config.model.sparse_last_layer = True
+    # Self-attention: xla (jax.nn.dot_product_attention; explicit scores while the
+    # probabilities drop out) | splash (TPU's Pallas kernel, models/attention.py: keeps no
+    # [B, H, L, L] probabilities for the backward pass; needs attention_probs_dropout_prob=0;
+    # interpreted, slowly, off TPUs).
+    config.model.attention = "xla"
     # The first N encoder layers of the checkpoint (smaller, faster models); None: all.
     config.model.keep_layers = placeholder(int)
 
@@ -209,6 +215,7 @@ def validate(config: ml_collections.ConfigDict) -> Task:
                          f"{', '.join(DTYPES)}")
     check_profile_steps(train.profile_steps)
     check_dropout(config.model)
+    check_attention(config.model)
     check_remat_policy(config.model.remat_policy)
     check_bucket_lengths(train.bucket_lengths, config.task.max_seq_length, task)
     if train.examples_per_row < 1:

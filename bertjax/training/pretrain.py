@@ -65,7 +65,8 @@ def model_config(model: Any, vocab_size: int) -> BertConfig:
         attention_probs_dropout_prob=model.attention_probs_dropout_prob,
         pre_layer_norm=model.pre_layer_norm, remat=model.remat, remat_policy=model.remat_policy,
         scan_layers=model.scan_layers, dropout_mask_bits=model.dropout_mask_bits,
-        sparse_last_layer=model.sparse_last_layer, dtype=compute_dtype(model.dtype))
+        sparse_last_layer=model.sparse_last_layer, attention=model.attention,
+        dtype=compute_dtype(model.dtype))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:

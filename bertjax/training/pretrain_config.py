@@ -67,6 +67,11 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # still come from every position, so the outputs are the same, for 13% fewer FLOPs and a
     # 1.17x faster step in mini pretraining on a CPU. That layer's dropout masks differ.
     config.model.sparse_last_layer = True
+    # Self-attention: xla (jax.nn.dot_product_attention; explicit scores while the
+    # probabilities drop out) | splash (TPU's Pallas kernel, models/attention.py: keeps no
+    # [B, H, L, L] probabilities for the backward pass; needs attention_probs_dropout_prob=0,
+    # which the original recipe does not use; interpreted, slowly, off TPUs).
+    config.model.attention = "xla"
     # Compute dtype; parameters stay float32. auto: bfloat16 on GPUs and TPUs, float32 on CPUs.
     config.model.dtype = "auto"
 
@@ -88,7 +93,7 @@ def defaults(size: str = "base") -> ml_collections.ConfigDict:
     # Up to this many examples per row (first-fit, longest first), each attending only to
     # itself with its own positions, predictions and next-sentence label, so rows of short
     # examples (short documents, phase 2 at seq 512) hold text instead of padding. Rows then
-    # carry examples_per_row * max_predictions_per_seq prediction slots. 1: as the original.
+    # carry max_predictions_per_seq + examples_per_row prediction slots. 1: as the original.
     config.data.examples_per_row = 1
 
     config.optimizer = ml_collections.ConfigDict()
@@ -149,6 +154,17 @@ def check_dropout(model: ml_collections.ConfigDict) -> None:
                          f"{', '.join(map(str, MASK_BITS))}")
 
 
+def check_attention(model: ml_collections.ConfigDict) -> None:
+    from bertjax.models.attention import ATTENTIONS
+    if model.attention not in ATTENTIONS:
+        raise ValueError(f"model.attention {model.attention!r}: expected one of "
+                         f"{', '.join(ATTENTIONS)}")
+    if model.attention == "splash" and model.attention_probs_dropout_prob:
+        raise ValueError(f"model.attention 'splash' has no dropout on the attention "
+                         f"probabilities: set model.attention_probs_dropout_prob=0 (it is "
+                         f"{model.attention_probs_dropout_prob})")
+
+
 def check_remat_policy(name: str) -> None:
     import jax
     if not hasattr(jax.checkpoint_policies, name):
@@ -176,6 +192,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
     if model.dtype not in DTYPES:
         raise ValueError(f"model.dtype {model.dtype!r}: expected one of {', '.join(DTYPES)}")
     check_dropout(model)
+    check_attention(model)
     check_remat_policy(model.remat_policy)
     check_profile_steps(train.profile_steps)
     if data.max_seq_length > model.max_position_embeddings:
