@@ -6,13 +6,16 @@
 
 Everything after `--` is passed to `python -m bertjax.main` unchanged (quoted for the remote
 shell), after the launcher parsed it with bertjax.main's own parser: a bad key fails here,
-before any TPU exists. Every worker of the slice runs the same command, started under
-`nohup setsid` so it belongs to no ssh session: the launcher then polls the workers over short
-ssh calls and prints worker 0's new log lines, and a dropped connection only delays the next
-poll. Each worker copies its log to WORKDIR/logs/. A run that fails because the slice was
-preempted gets a new slice and the same command (--retries): the workdir is the same, so the
-trainer resumes from its last checkpoint. Ctrl-C while the run is going stops the watching
-only; `--attach` watches it again. --dry_run prints the commands of one attempt.
+before any TPU exists. Then the TPU plan (`python -m bertjax.main --compile_only=TYPE`)
+compiles the run for --accelerator_type here, without a TPU, and a run that does not fit the
+slice's memory is refused before anything is created (--skip_plan skips it). Every worker of
+the slice runs the same command, started under `nohup setsid` so it belongs to no ssh
+session: the launcher then polls the workers over short ssh calls and prints worker 0's new
+log lines, and a dropped connection only delays the next poll. Each worker copies its log to
+WORKDIR/logs/. A run that fails because the slice was preempted gets a new slice and the same
+command (--retries): the workdir is the same, so the trainer resumes from its last
+checkpoint. Ctrl-C while the run is going stops the watching only; `--attach` watches it
+again. --dry_run prints the commands of one attempt.
 See launch/README.md.
 """
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -39,6 +44,9 @@ flags.DEFINE_bool("reserved", False, "Use the project's TPU reservation (gcloud'
 flags.DEFINE_bool("queued_resource", False, "Request the slice through a queued resource, "
                   "which waits for capacity instead of failing when none is free.")
 flags.DEFINE_bool("keep", False, "Do not delete the TPU at the end (to inspect or rerun).")
+flags.DEFINE_bool("skip_plan", False, "Do not run the TPU plan (`python -m bertjax.main "
+                  "--compile_only=ACCELERATOR_TYPE`), which compiles the run for the slice here "
+                  "and refuses one that does not fit before any TPU is created.")
 flags.DEFINE_bool("attach", False, "Watch a run this launcher started earlier on the TPU "
                   "--name (after Ctrl-C, or from another machine) instead of starting one; "
                   "needs only --name, --zone and --project, and --queued_resource and "
@@ -72,6 +80,42 @@ _LOG_COPY_SECONDS = 300
 _STATUS_RE = re.compile(r"^bertjax-status (\S+) (\S+)$", re.M)
 _METADATA = ("http://metadata.google.internal/computeMetadata/v1/instance/attributes/"
              "agent-worker-number")
+
+
+def plan_command(config: str, accelerator_type: str, overrides: list[str]) -> list[str]:
+    """bertjax.main's plan of the run for ACCELERATOR_TYPE: the config and its --config.*
+    overrides, which decide the program; the other flags after `--` (JAX's, --distributed)
+    are for the workers' runtime."""
+    given, follows_key = [], False
+    for arg in overrides:
+        # `--config.x.y VALUE` gives the value as the next argument.
+        if arg.startswith("--config.") or (follows_key and not arg.startswith("-")):
+            given.append(arg)
+            follows_key = arg.startswith("--config.") and "=" not in arg
+        else:
+            follows_key = False
+    return [sys.executable, "-m", "bertjax.main", f"--config={config}",
+            f"--compile_only={accelerator_type}", *given]
+
+
+def run_plan(runner: Runner, config: str, accelerator_type: str, overrides: list[str]) -> None:
+    """Compiles the run for the slice here (no TPU needed: libtpu compiles for a topology) and
+    shows the plan's table; a run that does not fit stops the launch before anything exists."""
+    command = plan_command(config, accelerator_type, overrides)
+    shown = shlex.join(["python", *command[1:]])
+    if not runner.dry_run:
+        print(f"+ {shown}", file=sys.stderr, flush=True)
+    result = subprocess.run(command, cwd=launchlib.REPO_ROOT, capture_output=True, text=True,
+                            check=False, env=launchlib.child_env())
+    if result.returncode != 0:
+        missing = launchlib.missing_module(result.stderr)
+        reason = missing or launchlib.error_line(result.stderr, result.returncode)
+        # The command, so the plan's whole table is one paste away.
+        raise LaunchError(f"the TPU plan of --config={config} for "
+                          f"--accelerator_type={accelerator_type} failed: {reason} (`{shown}`; "
+                          "--skip_plan launches without the plan)")
+    runner.note(f"the TPU plan, run here before anything is created (--skip_plan skips it): "
+                f"{shown}\n{result.stdout.rstrip()}")
 
 
 def runtime_version(accelerator_type: str, given: str | None) -> str:
@@ -351,6 +395,9 @@ def launch(overrides: list[str]) -> int:
 
     runner = Runner(FLAGS.dry_run, FLAGS.poll_seconds)
     project = launchlib.resolve_project(FLAGS.project, runner)
+    # Last of the checks: it compiles (seconds for a small model, minutes for a large one).
+    if not FLAGS.skip_plan:
+        run_plan(runner, FLAGS.config, accelerator_type, overrides)
     if runner.dry_run:
         runner.note("dry run: these commands would run, in this order; none is run")
     tarball = launchlib.archive_source(runner, FLAGS.ref) if FLAGS.source == "local" else None

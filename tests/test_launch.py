@@ -26,8 +26,10 @@ TRICKY = ["--config.optimizer.learning_rate=2e-4", "--config.data.shard_dir=gs:/
           "--config.data.eval_shard_dir=gs://b/it's \"quoted\"",
           "--config.init_checkpoint=*;$HOME && `id`"]
 MAIN = ["python", "-m", "bertjax.main", "--config=configs/base.py", "--workdir=gs://b/run"]
+# --skip_plan: the TPU plan compiles BERT-base for the slice, minutes on a CPU; the tests of
+# the plan step pass a tiny model instead.
 TPU_ARGS = ["--project=proj", "--zone=us-central2-b", "--accelerator_type=v4-32",
-            "--config=configs/base.py", "--workdir=gs://b/run", "--name=bert1"]
+            "--config=configs/base.py", "--workdir=gs://b/run", "--name=bert1", "--skip_plan"]
 BATCH_ARGS = ["--project=proj", "--region=us-central1", "--config=configs/base.py",
               "--workdir=gs://b/run", "--name=job1"]
 
@@ -555,6 +557,89 @@ def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path,
     assert not (tmp_path / "calls.jsonl").exists()
 
 
+def readme_commands(marker):
+    """The commands of the launch/README.md code block that holds MARKER, as argv lists."""
+    blocks = (REPO / "launch" / "README.md").read_text().split("```")[1::2]
+    (block,) = [b for b in blocks if marker in b]
+    return [shlex.split(line) for line in block.replace("\\\n", " ").strip().splitlines()]
+
+
+def tokenizer_dir(path):
+    """A shard directory as far as the TPU plan reads one: the tokenizer, whose vocabulary
+    size it takes."""
+    path.mkdir()
+    (path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                               "the", "a"]) + "\n")
+    return path
+
+
+def test_the_readmes_two_phases_run_through_the_launcher_and_the_plan(tmp_path):
+    """Phase 1, then phase 2 in the `config:arg` form, launched as launch/README.md writes
+    them (committed code shipped, the TPU plan run for phase 2), on configs/tiny.py and its
+    second recipe (BERT-base's plan compiles for minutes), a local bucket and a fake slice."""
+    tokenizer_dir(tmp_path / "corpus")
+    phases = readme_commands("configs/base.py:phase2")
+    assert [argv[:2] for argv in phases] == [["python", "launch/tpu_vm.py"]] * 2
+    workers_got = []
+    for name, argv in zip(["phase1", "phase2"], phases):
+        args = [a.replace("gs://my-bucket/", f"{tmp_path}/").replace("configs/base.py",
+                                                                     "configs/tiny.py")
+                .replace(":phase2", ":context") for a in argv[2:]]
+        ours = ["--allow_local_workdir", "--poll_seconds=0.2", f"--name={name}",
+                *(["--skip_plan"] if name == "phase1" else [])]
+        fake = tmp_path / name
+        fake.mkdir()
+        result = launch(TPU, *ours, *args, env=fake_gcloud_env(fake, "ok"))
+        assert result.returncode == 0, result.stderr
+        assert "bertjax/configs/tiny.py" in (fake / "shipped.txt").read_text().splitlines()
+        workers_got.append((fake / "trainer-argv-0").read_text().split("\0")[:-1])
+        planned = "--compile_only=v4-32" in result.stderr
+        assert planned == (name == "phase2")
+    shards = f"--config.data.shard_dir={tmp_path}/corpus"
+    assert workers_got == [
+        ["-m", "bertjax.main", "--config=configs/tiny.py",
+         f"--workdir={tmp_path}/base-phase1", shards],
+        ["-m", "bertjax.main", "--config=configs/tiny.py:context",
+         f"--workdir={tmp_path}/base-phase2", shards,
+         f"--config.init_checkpoint={tmp_path}/base-phase1"]]
+    # The plan's table is shown before anything is created.
+    notes = result.stderr.split("+ gcloud compute tpus tpu-vm create", 1)[0]
+    table = notes.split("the TPU plan, run here", 1)[1]
+    assert "python -m bertjax.main --config=configs/tiny.py:context --compile_only=v4-32" in table
+    assert "v4-32" in table.split("\n", 1)[1] and "mesh" in table
+
+
+def test_a_run_that_does_not_fit_the_slice_is_refused_before_anything_exists():
+    args = [a for a in TPU_ARGS if a != "--skip_plan" and not a.startswith("--config=")]
+    # configs/tiny.py with a 30M-piece vocabulary: 43 GiB of parameters and optimizer state per
+    # 16 GiB v5e chip. The plan refuses it without compiling the train step, in seconds; a
+    # batch too large (activations) is refused the same way, after minutes of compiling.
+    result = launch(TPU, "--dry_run", *args, "--accelerator_type=v5litepod-4",
+                    "--config=configs/tiny.py", "--", SHARDS,
+                    "--config.model.vocab_size=30000000")
+    assert result.returncode != 0 and result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: the TPU plan of --config=configs/tiny.py for "
+                               "--accelerator_type=v5litepod-4 failed: ")
+    assert "GiB" in lines[0] and "--skip_plan" in lines[0]  # the memory it would need
+
+
+def test_the_plan_compiles_what_the_workers_run_with_the_config_overrides():
+    """The --config.* overrides decide the program; JAX's and bertjax.main's runtime flags are
+    for the workers (the plan compiles for the slice wherever it runs)."""
+    code = ("import json, sys, tpu_vm; print(json.dumps(tpu_vm.plan_command("
+            "'configs/base.py:phase2', 'v5litepod-16', sys.argv[1:])))")
+    given = ["--config.model.remat=True", "--jax_platforms=tpu", "--config.train.num_steps",
+             "10", "--distributed=on", "--config.data.shard_dir=gs://b/two words"]
+    planned = subprocess.run([sys.executable, "-c", code, *given], cwd=REPO / "launch",
+                             capture_output=True, text=True, check=True).stdout
+    assert json.loads(planned) == [
+        sys.executable, "-m", "bertjax.main", "--config=configs/base.py:phase2",
+        "--compile_only=v5litepod-16", "--config.model.remat=True", "--config.train.num_steps",
+        "10", "--config.data.shard_dir=gs://b/two words"]
+
+
 @pytest.mark.parametrize("scenario, submitted, returncode", [
     ("preempt", ["job1", "job1-r1"], 0),
     ("crash", ["job1"], 1),
@@ -572,10 +657,10 @@ def test_batch_job_is_resubmitted_only_after_preemption(tmp_path, scenario, subm
     assert result.stdout.splitlines() == [f"step 1 of uid-{name}" for name in submitted]
 
 
-def test_config_files_load_without_jax_so_the_launch_check_is_quick():
-    """The launchers parse the config in a child Python before creating anything; the config
-    files (pretraining and fine-tuning) must not pull in JAX, Flax or the task modules for
-    that, or every launch, dry run included, waits seconds for imports it does not use."""
+def test_config_files_load_without_jax_so_reading_one_is_quick():
+    """Reading a config file (pretraining or fine-tuning) must not pull in JAX, Flax or the
+    task modules: whatever only reads configs (a launcher's config check up to `validate`,
+    which imports what its checks need) would wait seconds for imports it does not use."""
     probe = ("import sys, configs.base, configs.tiny, configs.finetune.classify, "
              "configs.finetune.seq2seq; heavy = sorted({m.split('.')[0] for m in sys.modules} "
              "& {'jax', 'flax', 'optax', 'orbax', 'tensorflow', 'torch'}); print(heavy)")
