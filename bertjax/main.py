@@ -21,6 +21,7 @@ import difflib
 import glob
 import importlib
 import importlib.util
+import math
 import os
 import sys
 
@@ -41,6 +42,21 @@ _HOST_MEMORY = flags.DEFINE_enum(
     "'keep': freed host memory stays with the process for the next step to reuse (glibc; "
     "see bertjax/host_memory.py); 'release': the C library's default, which returns large "
     "blocks to the system and faults them in again every step.")
+
+_COMPILE_ONLY = flags.DEFINE_string(
+    "compile_only", None,
+    "Compile the run's train and eval steps ahead of time for a TPU slice, given as a Cloud "
+    "TPU accelerator type (v4-8, v5litepod-16, v5p-8, v6e-8) or a topology (v5e:4x4, "
+    "v4:2x2x2), and print the memory and FLOPs per chip; exit 1 with one line when it does "
+    "not fit. Nothing runs and nothing is written; --workdir is not needed. Needs libtpu "
+    "(Linux x86_64; the test extra installs it).")
+_COMPILE_EFFORT = flags.DEFINE_enum(
+    "compile_effort", "exact", ["exact", "fast"],
+    "With --compile_only: 'exact' compiles as the run will; 'fast' lowers XLA's optimization "
+    "effort (several times faster to compile, memory close to exact's).")
+_LARGEST_BATCH = flags.DEFINE_bool(
+    "largest_batch", False,
+    "With --compile_only: also find the largest global batch that fits, by compiling.")
 
 # config.mode -> "module:function(config, workdir)"; imported only when chosen.
 MODES = {
@@ -153,9 +169,44 @@ def run_mode(config, workdir: str) -> dict:
     return getattr(importlib.import_module(module), function)(config, workdir)
 
 
+def compile_only(config, slice_name: str, largest: bool, effort: str) -> None:
+    """--compile_only: the TPU plan of the run (training/plan.py), printed; a run that does
+    not fit is an error naming its largest term."""
+    from bertjax.training import plan as plan_lib
+
+    print(f"compiling {config.mode} steps for {slice_name} with XLA:TPU on this machine...",
+          flush=True)
+    plan = plan_lib.compile_plan(config, slice_name, effort=effort)
+    print(plan_lib.table(plan), flush=True)
+    accumulation = config.optimizer.grad_accum_steps
+    if largest:
+        shards = plan.mesh_shape["data"] * plan.mesh_shape["fsdp"]
+        granule = math.lcm(shards * accumulation, plan.hosts)
+        best, misfit = plan_lib.largest_batch(config, slice_name, plan, granule)
+        above = f"; {misfit} does not fit" if misfit else ""
+        print(f"largest global batch found to fit {plan.tpu.name}: {best.global_batch_size} "
+              f"({plan_lib.size(best.largest.total_bytes)} per chip{above}; batches are "
+              f"multiples of {granule})", flush=True)
+    if not plan.fits:
+        raise ValueError(plan_lib.refusal(plan, accumulation))
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+    if _COMPILE_ONLY.value:
+        # The programs are compiled for the slice's devices; this process computes nothing,
+        # and there may be no TPU (or a different one) where it runs.
+        import jax
+        jax.config.update("jax_platforms", "cpu")
+        with cli.one_line_errors("bertjax.main"):
+            compile_only(_CONFIG.value, _COMPILE_ONLY.value, _LARGEST_BATCH.value,
+                         _COMPILE_EFFORT.value)
+        return
+    if _LARGEST_BATCH.value:
+        raise app.UsageError("--largest_batch goes with --compile_only")
+    if not _WORKDIR.value:
+        raise app.UsageError("--workdir is required (except with --compile_only)")
     if not flags.FLAGS["verbosity"].present:
         # Orbax logs every save at INFO; our progress lines say what matters.
         logging.set_verbosity(logging.WARNING)
@@ -171,5 +222,5 @@ def main(argv: list[str]) -> None:
 if __name__ == "__main__":
     import jax
     jax.config.config_with_absl()  # JAX's own flags too: --jax_platforms=cpu, ...
-    flags.mark_flags_as_required(["config", "workdir"])
+    flags.mark_flags_as_required(["config"])
     app.run(main, flags_parser=parse_flags)

@@ -147,23 +147,29 @@ class Task(abc.ABC):
 
     # --- data sets ---------------------------------------------------------------------------
 
+    def read_training(self) -> list:
+        """The training examples: task.train_file's, or the TFDS split's."""
+        s = self.settings
+        if s.tfds_name:
+            if s.train_file:
+                raise ValueError("set task.train_file or task.tfds_name, not both")
+            return self.read_tfds(s.tfds_name, s.tfds_train_split, s.tfds_data_dir or None)
+        if not s.train_file:
+            raise ValueError("task.train_file is empty: set it (or task.tfds_name) to the "
+                             "training data")
+        return self.read(s.train_file, labelled=True)
+
     def load(self, tokenizer) -> TaskData:
         """Reads and featurizes the sets the settings name; the label vocabulary comes from
         the training set (an evaluation label it lacks is an error naming the file and line).
         """
         s = self.settings
+        train_examples = self.read_training()
         if s.tfds_name:
-            if s.train_file:
-                raise ValueError("set task.train_file or task.tfds_name, not both")
             data_dir = s.tfds_data_dir or None
-            train_examples = self.read_tfds(s.tfds_name, s.tfds_train_split, data_dir)
             eval_examples = [(split, self.read_tfds(s.tfds_name, split, data_dir))
                              for split in s.tfds_eval_splits]
         else:
-            if not s.train_file:
-                raise ValueError("task.train_file is empty: set it (or task.tfds_name) to the "
-                                 "training data")
-            train_examples = self.read(s.train_file, labelled=True)
             eval_examples = [(_name(p), self.read(p, labelled=True)) for p in s.eval_files]
         labels = self.label_vocab(train_examples)
         train = TaskSet("train", train_examples,

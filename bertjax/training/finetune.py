@@ -43,8 +43,9 @@ RESULTS_FILE = "eval_results.json"
 PREDICTIONS_DIR = "predictions"
 
 
-def task_model_config(base: BertConfig, model: Any) -> BertConfig:
-    """The checkpoint's architecture with the fine-tuning run's dropout, dtype and depth."""
+def task_model_config(base: BertConfig, model: Any, platform: str | None = None) -> BertConfig:
+    """The checkpoint's architecture with the fine-tuning run's dropout, dtype and depth;
+    `platform` is where it runs (see compute_dtype)."""
     layers = model.keep_layers or base.num_hidden_layers
     if not 0 < layers <= base.num_hidden_layers:
         raise ValueError(f"model.keep_layers {model.keep_layers}: the checkpoint has "
@@ -55,7 +56,7 @@ def task_model_config(base: BertConfig, model: Any) -> BertConfig:
         remat_policy=model.remat_policy, scan_layers=model.scan_layers,
         dropout_mask_bits=model.dropout_mask_bits,
         sparse_last_layer=model.sparse_last_layer, attention=model.attention,
-        dtype=compute_dtype(model.dtype))
+        dtype=compute_dtype(model.dtype, platform))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
@@ -116,6 +117,28 @@ def objective(model, task: tasks.Task) -> Objective:
     return Objective(apply=apply, normalizers=task.normalizer, loss=loss,
                      metrics=lambda value, _: {"loss": value},
                      evaluate=lambda outputs, _: outputs)
+
+
+def steps_args(config: Any, task: tasks.Task, model, total_steps: int,
+               mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """What the run's `Steps` (and so its Trainer) are built from: `task`'s objective on
+    `model`, and the optimizer `config` describes over `total_steps`."""
+    tx, schedule = make_optimizer(config.optimizer, total_steps)
+    return dict(init=functools.partial(init_params, model), objective=objective(model, task),
+                tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
+                global_batch_size=config.train.global_batch_size,
+                grad_accum_steps=config.optimizer.grad_accum_steps, seed=config.seed,
+                dropout_rng=config.model.dropout_rng)
+
+
+def training_arrays(config: Any, task: tasks.Task, features) -> tuple[dict, tuple[str, ...]]:
+    """The training rows (packed when train.examples_per_row > 1) and the keys a training
+    batch holds."""
+    arrays, keys = features.arrays, tasks.INPUTS + task.targets
+    if config.train.examples_per_row > 1:
+        arrays = pack_rows(arrays, task.targets, config.train.examples_per_row)
+        keys = tasks.INPUTS + PACKING_INPUTS + task.targets + ("example_weights",)
+    return arrays, keys
 
 
 def epoch_order(num_examples: int, seed: int, epoch: int) -> np.ndarray:
@@ -179,10 +202,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     model = task.model(cfg, data.labels)
 
     batch_size, train_cfg = config.train.global_batch_size, config.train
-    train_arrays, keys = data.train.features.arrays, tasks.INPUTS + task.targets
-    if train_cfg.examples_per_row > 1:
-        train_arrays = pack_rows(train_arrays, task.targets, train_cfg.examples_per_row)
-        keys = tasks.INPUTS + PACKING_INPUTS + task.targets + ("example_weights",)
+    train_arrays, keys = training_arrays(config, task, data.train.features)
     rows = len(train_arrays["input_ids"])
     per_epoch = rows // batch_size
     if per_epoch == 0:
@@ -190,17 +210,12 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
         raise ValueError(f"the training set has {rows} {what}, fewer than "
                          f"train.global_batch_size {batch_size}")
     total = max(1, round(train_cfg.num_epochs * per_epoch))
-    tx, schedule = make_optimizer(config.optimizer, total)
     seq_len = config.task.max_seq_length
     if jax.process_index() == 0:
         files.makedirs(workdir)
-    trainer = Trainer(workdir=workdir, init=functools.partial(init_params, model),
-                      objective=objective(model, task), tx=tx,
-                      schedule=schedule, mesh=sharding.make_mesh(config.mesh.shape, devices),
-                      rules=config.mesh.rules, global_batch_size=batch_size,
-                      grad_accum_steps=config.optimizer.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
-                      dropout_rng=config.model.dropout_rng)
+    mesh = sharding.make_mesh(config.mesh.shape, devices)
+    trainer = Trainer(workdir=workdir, keep_checkpoints=train_cfg.keep_checkpoints,
+                      **steps_args(config, task, model, total, mesh))
     sharding.check_batch_size(train_cfg.eval_batch_size, trainer.mesh, trainer.rules)
 
     def initial_params():

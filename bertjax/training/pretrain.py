@@ -27,11 +27,15 @@ from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pr
 from bertjax.training import sharding
 from bertjax.training.trainer import Objective, Trainer
 
-def compute_dtype(name: str):
-    """The model's compute dtype: `auto` is bfloat16 on accelerators, float32 on CPUs."""
+def compute_dtype(name: str, platform: str | None = None):
+    """The model's compute dtype on `platform` (default: this process's backend): `auto` is
+    bfloat16 on accelerators, float32 on CPUs."""
     if name == "auto":
-        name = "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+        platform = platform or jax.default_backend()
+        name = "bfloat16" if platform in ("gpu", "tpu") else "float32"
     return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
 RUN_CONFIG = "run_config.json"  # the run's full config, written when it starts
 _MLM_EPS = 1e-5  # the original adds it to the weight total
 
@@ -51,8 +55,9 @@ class PretrainingData:
     tokenizer: Any = None  # saved with the exported model
 
 
-def model_config(model: Any, vocab_size: int) -> BertConfig:
-    """The BertConfig of `config.model`; `vocab_size` is the tokenizer's."""
+def model_config(model: Any, vocab_size: int, platform: str | None = None) -> BertConfig:
+    """The BertConfig of `config.model`; `vocab_size` is the tokenizer's, `platform` where
+    it runs (see compute_dtype)."""
     if model.vocab_size is not None and model.vocab_size < vocab_size:
         raise ValueError(f"model.vocab_size {model.vocab_size} is smaller than the tokenizer's "
                          f"vocabulary ({vocab_size})")
@@ -66,7 +71,7 @@ def model_config(model: Any, vocab_size: int) -> BertConfig:
         pre_layer_norm=model.pre_layer_norm, remat=model.remat, remat_policy=model.remat_policy,
         scan_layers=model.scan_layers, dropout_mask_bits=model.dropout_mask_bits,
         sparse_last_layer=model.sparse_last_layer, attention=model.attention,
-        dtype=compute_dtype(model.dtype))
+        dtype=compute_dtype(model.dtype, platform))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
@@ -138,6 +143,48 @@ def objective(model: BertForPreTraining, nsp: bool) -> Objective:
                      evaluate=lambda outputs, batch: pretraining_sums(outputs, batch))
 
 
+def batch_spec(config: Any) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes and dtypes of a global pretraining batch, as the input pipeline makes it
+    (tests/test_tpu_plan.py checks them against a real batch): what a plan compiles for."""
+    data, rows = config.data, config.train.global_batch_size
+    slots, length = data.examples_per_row, data.max_seq_length
+    # Packed rows hold P + K prediction slots (data/packing.py: P covers a full row's rate).
+    predictions = data.max_predictions_per_seq + (slots if slots > 1 else 0)
+    shapes = {"input_ids": (length,), "input_mask": (length,), "segment_ids": (length,),
+              "masked_lm_positions": (predictions,), "masked_lm_ids": (predictions,),
+              "masked_lm_weights": (predictions,), "next_sentence_labels": ()}
+    if slots > 1:
+        shapes.update(next_sentence_labels=(slots,), position_ids=(length,),
+                      example_ids=(length,), cls_positions=(slots,),
+                      next_sentence_weights=(slots,))
+    floats = ("masked_lm_weights", "next_sentence_weights")
+    return {name: jax.ShapeDtypeStruct((rows, *shape),
+                                       jnp.float32 if name in floats else jnp.int32)
+            for name, shape in shapes.items()}
+
+
+def steps_args(config: Any, cfg: BertConfig, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """What the run's `Steps` (and so its Trainer) are built from: the model, objective and
+    optimizer that `config` describes, for model `cfg` on `mesh`."""
+    model = BertForPreTraining(cfg, mesh)
+    opt, train_cfg = config.optimizer, config.train
+    schedule = optimizers.learning_rate_schedule(opt.schedule, opt.learning_rate,
+                                                 opt.warmup_steps, train_cfg.num_steps)
+    tx = optimizers.make_optimizer(opt.name, schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
+                                   weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
+    return dict(init=functools.partial(init_params, model),
+                objective=objective(model, config.data.nsp), tx=tx, schedule=schedule,
+                mesh=mesh, rules=config.mesh.rules,
+                global_batch_size=train_cfg.global_batch_size,
+                grad_accum_steps=opt.grad_accum_steps, seed=config.seed,
+                dropout_rng=config.model.dropout_rng)
+
+
+def evaluates(config: Any) -> bool:
+    """Whether the run evaluates on held-out batches as it trains."""
+    return bool(config.train.eval_every and config.train.eval_batches)
+
+
 def _gather_positions(position: dict) -> list[dict]:
     """Every process's data position (a dict of ints), on every process."""
     keys = sorted(position)
@@ -171,7 +218,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
     """
     pretrain_config.validate(config)
     train_cfg = config.train
-    evaluating = data.eval is not None and train_cfg.eval_every and train_cfg.eval_batches
+    evaluating = data.eval is not None and evaluates(config)
     if evaluating:
         data.eval()  # built now, so an empty held-out split fails here, not hours later
     if jax.process_index() == 0:
@@ -179,19 +226,8 @@ def train(config: Any, workdir: str, data: PretrainingData,
     cfg = model_config(config.model, data.vocab_size)
     seq_len, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
     mesh = sharding.make_mesh(config.mesh.shape, devices)
-    model = BertForPreTraining(cfg, mesh)
-    opt = config.optimizer
-    schedule = optimizers.learning_rate_schedule(opt.schedule, opt.learning_rate,
-                                                 opt.warmup_steps, train_cfg.num_steps)
-    tx = optimizers.make_optimizer(opt.name, schedule, b1=opt.b1, b2=opt.b2, eps=opt.eps,
-                                   weight_decay=opt.weight_decay, clip_norm=opt.clip_norm)
-
-    trainer = Trainer(workdir=workdir, init=functools.partial(init_params, model), objective=objective(model, config.data.nsp),
-                      tx=tx, schedule=schedule, mesh=mesh, rules=config.mesh.rules,
-                      global_batch_size=train_cfg.global_batch_size,
-                      grad_accum_steps=opt.grad_accum_steps,
-                      keep_checkpoints=train_cfg.keep_checkpoints, seed=config.seed,
-                      dropout_rng=config.model.dropout_rng)
+    trainer = Trainer(workdir=workdir, keep_checkpoints=train_cfg.keep_checkpoints,
+                      **steps_args(config, cfg, mesh))
 
     def initial_params():
         if jax.process_index() == 0:
@@ -276,8 +312,7 @@ def input_data(config: Any) -> PretrainingData:
                                                start_position=start_position, **recipe)
 
     eval_batches = None
-    if config.train.eval_every and config.train.eval_batches and (data.eval_shard_dir
-                                                                  or heldout > 0):
+    if evaluates(config) and (data.eval_shard_dir or heldout > 0):
         cache: list = []
 
         def eval_batches():

@@ -127,8 +127,9 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
 
 
 def check_batch_size(global_batch_size: int, mesh: Mesh, rules: Rules,
-                     grad_accum_steps: int = 1) -> None:
-    """The global batch must split evenly into micro-batches, devices and hosts."""
+                     grad_accum_steps: int = 1, process_count: int | None = None) -> None:
+    """The global batch must split evenly into micro-batches, devices and hosts (this run's
+    processes, or `process_count`)."""
     shards = _axis_size(mesh, batch_axes(rules))
     per_step = shards * grad_accum_steps
     if global_batch_size % per_step:
@@ -136,9 +137,10 @@ def check_batch_size(global_batch_size: int, mesh: Mesh, rules: Rules,
             f"train.global_batch_size {global_batch_size} is not divisible by "
             f"grad_accum_steps ({grad_accum_steps}) x batch shards ({shards}, mesh axes "
             f"{batch_axes(rules)!r})")
-    if global_batch_size % jax.process_count():
+    processes = jax.process_count() if process_count is None else process_count
+    if global_batch_size % processes:
         raise ValueError(f"train.global_batch_size {global_batch_size} is not divisible by "
-                         f"the {jax.process_count()} processes")
+                         f"the {processes} processes")
 
 
 def local_batch_size(global_batch_size: int) -> int:

@@ -115,22 +115,25 @@ def with_shardings(abstract: Any, shardings: Any) -> Any:
                         abstract, shardings)
 
 
-class Trainer:
-    """The shardings, the state, the jitted steps and the loop of one run in `workdir`.
+class Steps:
+    """A run's shardings, abstract state and jitted steps, with nothing materialised: what
+    the `Trainer` runs, and what `plan.py` compiles ahead of time for a TPU slice.
 
     `mesh` comes from `sharding.make_mesh` (the client builds it first: a model that places
     sharding constraints is given it). `init(rng)` initialises the model's (logically
-    partitioned) parameters; nothing is materialised until `start`.
+    partitioned) parameters. `process_count` is the number of hosts that feed the batch
+    (this run's, unless a plan compiles for another slice).
     """
 
-    def __init__(self, *, workdir: str, init: Callable, objective: Objective,
+    def __init__(self, *, init: Callable, objective: Objective,
                  tx: optax.GradientTransformation, schedule: optax.Schedule,
                  mesh: jax.sharding.Mesh, rules: sharding.Rules, global_batch_size: int,
-                 grad_accum_steps: int, keep_checkpoints: int, seed: int,
-                 dropout_rng: str = "threefry"):
-        self.workdir, self.tx, self.mesh = workdir, tx, mesh
+                 grad_accum_steps: int, seed: int, dropout_rng: str = "threefry",
+                 process_count: int | None = None):
+        self.tx, self.mesh = tx, mesh
         self.rules = sharding.check_rules(rules)
-        sharding.check_batch_size(global_batch_size, self.mesh, self.rules, grad_accum_steps)
+        sharding.check_batch_size(global_batch_size, self.mesh, self.rules, grad_accum_steps,
+                                  process_count)
         self.global_batch_size = global_batch_size
 
         root = jax.random.PRNGKey(seed)
@@ -146,17 +149,15 @@ class Trainer:
         self.replicated = sharding.replicated(self.mesh)
         self.batch_sharding = sharding.batch_sharding(self.mesh, self.rules)
         state_sh = TrainState(self.replicated, self.param_shardings, self.opt_shardings)
-        self.train_step = self._in_mesh(jax.jit(
+        self.jitted_train_step = jax.jit(
             make_train_step(objective, tx, schedule, grad_accum_steps, dropout_rng),
             in_shardings=(state_sh, self.batch_sharding, self.replicated),
-            out_shardings=(state_sh, self.replicated), donate_argnums=(0,)))
-        self.eval_step = self._in_mesh(jax.jit(
+            out_shardings=(state_sh, self.replicated), donate_argnums=(0,))
+        self.jitted_eval_step = jax.jit(
             make_eval_step(objective), in_shardings=(self.param_shardings, self.batch_sharding),
-            out_shardings=self.replicated))
-        self.checkpoints = checkpoints.RunCheckpoints(workdir, keep_checkpoints)
-        self.state: TrainState | None = None
-        self.rng: jax.Array | None = None
-        self.resumed_from: int | None = None
+            out_shardings=self.replicated)
+        self.train_step = self._in_mesh(self.jitted_train_step)
+        self.eval_step = self._in_mesh(self.jitted_eval_step)
 
     def _in_mesh(self, fn: Callable) -> Callable:
         """`fn` traced with the logical axis rules in context, for the model's logical
@@ -165,6 +166,44 @@ class Trainer:
             with nn.logical_axis_rules(self.rules):
                 return fn(*args)
         return call
+
+    def abstract_state(self) -> TrainState:
+        return TrainState(jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
+                          self.abstract_params, self.abstract_opt_state)
+
+    def abstract_rng(self) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.replicated)
+
+    def abstract_batch(self, spec: dict[str, jax.ShapeDtypeStruct]) -> dict:
+        """A global batch's abstract arrays (shapes and dtypes from `spec`), sharded as the
+        steps take them."""
+        return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.batch_sharding)
+                for k, v in spec.items()}
+
+    def lower_train_step(self, batch_spec: dict[str, jax.ShapeDtypeStruct]):
+        """The train step lowered for abstract inputs (nothing runs; `.compile()` next)."""
+        with nn.logical_axis_rules(self.rules):
+            return self.jitted_train_step.lower(self.abstract_state(),
+                                                self.abstract_batch(batch_spec),
+                                                self.abstract_rng())
+
+    def lower_eval_step(self, batch_spec: dict[str, jax.ShapeDtypeStruct]):
+        with nn.logical_axis_rules(self.rules):
+            return self.jitted_eval_step.lower(self.abstract_params,
+                                               self.abstract_batch(batch_spec))
+
+
+class Trainer(Steps):
+    """The steps of one run in `workdir`, its state and its loop (see `Steps` for the rest of
+    the arguments)."""
+
+    def __init__(self, *, workdir: str, keep_checkpoints: int, **steps):
+        super().__init__(**steps)
+        self.workdir = workdir
+        self.checkpoints = checkpoints.RunCheckpoints(workdir, keep_checkpoints)
+        self.state: TrainState | None = None
+        self.rng: jax.Array | None = None
+        self.resumed_from: int | None = None
 
     # --- the state ---------------------------------------------------------------------------
 
@@ -189,9 +228,8 @@ class Trainer:
                 restored = self.checkpoints.restore(
                     step, abstract_params=self.abstract_params,
                     abstract_opt_state=self.abstract_opt_state,
-                    abstract_progress={
-                        "step": jax.ShapeDtypeStruct((), jnp.int32, sharding=self.replicated),
-                        "rng": jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=self.replicated)})
+                    abstract_progress={"step": self.abstract_state().step,
+                                       "rng": self.abstract_rng()})
             except checkpoints.CorruptCheckpoint as e:
                 if not fallback:
                     raise checkpoints.CorruptCheckpoint(
