@@ -94,10 +94,8 @@ def plan_command(config: str, accelerator_type: str, overrides: list[str]) -> li
             follows_key = arg.startswith("--config.") and "=" not in arg
         else:
             follows_key = False
-    # `fast`: XLA's lowest optimization effort, several times quicker to compile, with the
-    # memory the run's own compile needs to within about 1% (bertjax/training/plan.py).
     return [sys.executable, "-m", "bertjax.main", f"--config={config}",
-            f"--compile_only={accelerator_type}", "--compile_effort=fast", *given]
+            f"--compile_only={accelerator_type}", *given]
 
 
 def run_plan(runner: Runner, config: str, accelerator_type: str, overrides: list[str]) -> None:
