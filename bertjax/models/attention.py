@@ -30,8 +30,8 @@ class SegmentMask:
     """Query i of row b attends to key j iff `q_BQ[b, i] == kv_BL[b, j]`.
 
     Every query must see at least one key: splash's backward is wrong for a query that sees
-    none (its log-sum-exp is the mask value, so every masked key gets probability 1), so the
-    constructors below never make such a row.
+    none (its log-sum-exp rounds to the mask value, so the backward gives every masked key
+    probability 1), so the constructors below never make such a row.
     """
 
     q_BQ: jax.Array
@@ -62,7 +62,7 @@ def packed_segments(example_ids_BL) -> SegmentMask:
     """Packed rows (`example_ids` 1, 2, ... per token, 0 for padding): each token sees only
     its own example's tokens, as `packed_attention_mask` does. Padding tokens see each other;
     under XLA's mask they see nothing (a uniform average), so only the padding positions'
-    outputs differ, which no head reads."""
+    outputs differ, which no loss reads."""
     ids_BL = example_ids_BL.astype(jnp.int32)
     return SegmentMask(ids_BL, ids_BL)
 
@@ -98,9 +98,12 @@ def _per_shard(q_BHQK, k_BHLK, v_BHLK, q_ids_BQ, kv_ids_BL, interpret: bool):
 
 
 def _mesh_of(x) -> jax.sharding.AbstractMesh:
-    """The mesh `x` is laid out on inside a jitted function: the ambient one
-    (`jax.sharding.set_mesh`) if any, else the one its abstract value carries (the mesh of the
-    jit's in_shardings; empty when the arrays were not placed on one)."""
+    """The mesh `x` is laid out on inside a jitted function: the ambient one (`jax.set_mesh`)
+    if any, else the one its abstract value carries, which JAX takes from the arguments'
+    shardings (the trainer's sharded arrays, or ShapeDtypeStructs with a sharding when
+    compiling ahead of time; jit's in_shardings alone do not set it). The trainer sets no
+    ambient mesh: under one, Flax's DenseGeneral constrains its kernels at their flat initial
+    shape, which fails."""
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         mesh = getattr(jax.typeof(x).sharding, "mesh", mesh)
