@@ -1,15 +1,15 @@
 """Attention on a TPU at BERT's shapes, compiled ahead of time on this machine: per-chip
 temporary memory and FLOPs of the pretraining train step with each attention implementation.
 
-  JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 PYTHONPATH=. python benchmarks/tpu_attention.py
-  JAX_PLATFORMS=cpu TPU_SKIP_MDS_QUERY=1 PYTHONPATH=. python benchmarks/tpu_attention.py \\
-      --layers=2 --seq_lens=512
+  PYTHONPATH=. python benchmarks/tpu_attention.py
+  PYTHONPATH=. python benchmarks/tpu_attention.py --layers=2 --seq_lens=512 --slice=v5e:4x4
 
-Needs libtpu installed (it compiles for a TPU topology; no TPU is used). Each variant traces,
-lowers and compiles the trainer's `train_step` (bert_adamw, the MLM + NSP objective, the
-sparse last layer, bfloat16 compute, hidden dropout 0.1) for a v5e topology, the batch split
-over the chips (`mesh.shape` (chips, 1, 1)), traced as the trainer traces it: inside the
-default logical axis rules. The variants:
+Needs libtpu installed; no TPU is used: the slice's chips are described as
+`bertjax.main --compile_only` describes them (training/plan.py). Each variant traces, lowers
+and compiles the trainer's `train_step` (bert_adamw, the MLM + NSP objective, the sparse last
+layer, bfloat16 compute, hidden dropout 0.1) for the slice (default v5e:2x2), the batch split
+over its chips (`mesh.shape` (chips, 1, 1)), from abstract arrays placed on the mesh and
+inside the default logical axis rules, as the trainer and the plan trace it. The variants:
 
   xla+dropout  today's default: attention_probs_dropout_prob=0.1, explicit scores
   xla          attention_probs_dropout_prob=0: jax.nn.dot_product_attention (XLA's own)
@@ -36,9 +36,8 @@ import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-# It only compiles, never opens a chip: it need not hold libtpu's one-process lock, so it
-# runs beside another process that has libtpu loaded.
-os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+# Nothing runs: JAX's backend is the CPU; libtpu only describes the slice and compiles for it.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import flax.linen as nn  # noqa: E402
 import jax  # noqa: E402
@@ -47,7 +46,8 @@ import optax  # noqa: E402
 
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, init_params  # noqa: E402
-from bertjax.training import optimizers, pretrain, pretrain_config, sharding, trainer  # noqa: E402
+from bertjax.training import (optimizers, plan, pretrain, pretrain_config, sharding,  # noqa: E402
+                              trainer)
 
 VARIANTS = {  # name: (attention, attention_probs_dropout_prob)
     "xla+dropout": ("xla", 0.1),
@@ -58,14 +58,9 @@ VARIANTS = {  # name: (attention, attention_probs_dropout_prob)
 PREDICTIONS = {128: 20, 512: 80}
 
 
-def tpu_mesh(topology: str) -> jax.sharding.Mesh:
-    from jax.experimental import topologies
-    chips = [int(n) for n in topology.split(":")[1].split("x")]
-    devices = topologies.get_topology_desc(
-        platform="tpu", topology_name=topology, chip_config_name="default",
-        chips_per_host_bounds=(*chips, 1)[:3], num_slices=1,
-        wrap=(False, False, False)).devices
-    return sharding.make_mesh((-1, 1, 1), devices)
+def tpu_mesh(slice_name: str) -> jax.sharding.Mesh:
+    """The slice's chips (as `--compile_only` describes them), the batch split over all."""
+    return sharding.make_mesh((-1, 1, 1), plan.slice_devices(plan.parse_slice(slice_name)))
 
 
 def kernel_gflop(config, batch: int, seq_len: int) -> float:
@@ -156,24 +151,23 @@ def cpu_model() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--topology", default="v5e:2x2")
+    parser.add_argument("--slice", default="v5e:2x2",
+                        help="a Cloud TPU accelerator type or topology, as --compile_only")
     parser.add_argument("--size", default="base")
     parser.add_argument("--layers", type=int, default=0, help="0: the preset's")
     parser.add_argument("--per_chip", type=int, default=8, help="sequences per chip")
     parser.add_argument("--seq_lens", default="128,512")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
-    env = [f"{k}={os.environ[k]}" for k in ("JAX_PLATFORMS", "TPU_SKIP_MDS_QUERY", "PYTHONPATH")
-           if k in os.environ]
-    print(f"command: {' '.join(env + [sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
-    mesh = tpu_mesh(args.topology)
+    print(f"command: PYTHONPATH=. {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
+    mesh = tpu_mesh(args.slice)
     chips = mesh.devices.size
     batch = args.per_chip * chips
     base = dataclasses.replace(presets.preset(args.size), dtype=jnp.bfloat16)
     if args.layers:
         base = dataclasses.replace(base, num_hidden_layers=args.layers)
     print(f"compiled on {cpu_model()} ({os.cpu_count()} CPUs), jax {jax.__version__}, for "
-          f"{args.topology} ({chips} x {mesh.devices.flat[0].device_kind}); BERT-{args.size} "
+          f"{args.slice} ({chips} x {mesh.devices.flat[0].device_kind}); BERT-{args.size} "
           f"{base.num_hidden_layers} layers, bf16, global batch {batch} ({args.per_chip} per "
           f"chip), mesh {dict(mesh.shape)}; pretraining train step, per chip")
     print("| seq | attention | [B,H,L,L] kept | temp GiB | args GiB | GFLOP (XLA) | "
