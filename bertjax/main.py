@@ -50,10 +50,6 @@ _COMPILE_ONLY = flags.DEFINE_string(
     "v4:2x2x2), and print the memory and FLOPs per chip; exit 1 with one line when it does "
     "not fit. Nothing runs and nothing is written; --workdir is not needed. Needs libtpu "
     "(Linux x86_64; the test extra installs it).")
-_COMPILE_EFFORT = flags.DEFINE_enum(
-    "compile_effort", "exact", ["exact", "fast"],
-    "With --compile_only: 'exact' compiles as the run will; 'fast' lowers XLA's optimization "
-    "effort (several times faster to compile, memory close to exact's).")
 _LARGEST_BATCH = flags.DEFINE_bool(
     "largest_batch", False,
     "With --compile_only: also find the largest global batch that fits, by compiling.")
@@ -169,14 +165,14 @@ def run_mode(config, workdir: str) -> dict:
     return getattr(importlib.import_module(module), function)(config, workdir)
 
 
-def compile_only(config, slice_name: str, largest: bool, effort: str) -> None:
+def compile_only(config, slice_name: str, largest: bool) -> None:
     """--compile_only: the TPU plan of the run (training/plan.py), printed; a run that does
     not fit is an error naming its largest term."""
     from bertjax.training import plan as plan_lib
 
     print(f"compiling {config.mode} steps for {slice_name} with XLA:TPU on this machine...",
           flush=True)
-    plan = plan_lib.compile_plan(config, slice_name, effort=effort)
+    plan = plan_lib.compile_plan(config, slice_name)
     print(plan_lib.table(plan), flush=True)
     accumulation = config.optimizer.grad_accum_steps
     if largest:
@@ -200,8 +196,7 @@ def main(argv: list[str]) -> None:
         import jax
         jax.config.update("jax_platforms", "cpu")
         with cli.one_line_errors("bertjax.main"):
-            compile_only(_CONFIG.value, _COMPILE_ONLY.value, _LARGEST_BATCH.value,
-                         _COMPILE_EFFORT.value)
+            compile_only(_CONFIG.value, _COMPILE_ONLY.value, _LARGEST_BATCH.value)
         return
     if _LARGEST_BATCH.value:
         raise app.UsageError("--largest_batch goes with --compile_only")

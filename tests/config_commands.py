@@ -27,5 +27,8 @@ def parse(args: list[str]):
     config_flags.DEFINE_config_file("config", None, "", flag_values=values, lock_config=True,
                                     sys_argv=argv)
     flags.DEFINE_string("workdir", None, "", flag_values=values)
+    # The TPU plan's flags (a plan needs no workdir).
+    flags.DEFINE_string("compile_only", None, "", flag_values=values)
+    flags.DEFINE_bool("largest_batch", False, "", flag_values=values)
     values(argv)
     return values.config, values.workdir

@@ -17,13 +17,14 @@ pytestmark = pytest.mark.skipif(
     not plan_lib.importlib.util.find_spec("libtpu"),
     reason="libtpu (the test extra, Linux x86_64 only) is not installed")
 
-# `fast` compiles (XLA's lowest optimization effort) keep these tests to seconds each; the
-# memory they report is within about 1% of the run's own compile (docs/tpu.md).
-FAST = "fast"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The TPU programs take tens of seconds each to compile on two cores: one xdist worker runs
 # them all, so the process-wide slice descriptions and the compiled tiny model are shared.
-pytestmark = [pytestmark, pytest.mark.xdist_group("tpu_plan")]
+# This process compiled CPU programs with the suite's persistent cache on before the plan
+# turned it off (JAX decides once per process), so it looks TPU programs up there, finds
+# those of an earlier run and cannot load them without a TPU: a warning, then a compile.
+pytestmark = [pytestmark, pytest.mark.xdist_group("tpu_plan"), pytest.mark.filterwarnings(
+    "ignore:Error reading persistent compilation cache entry")]
 
 
 def tiny_pretraining(**overrides):
@@ -58,18 +59,22 @@ def test_a_slice_it_cannot_shape_is_one_clear_error(name):
 
 
 def test_tiny_pretraining_compiles_for_v5e_and_v4_and_a_doubled_batch_costs_more():
-    config = tiny_pretraining()
-    v5e = plan_lib.compile_plan(config, "v5e:2x2", effort=FAST)
-    v4 = plan_lib.compile_plan(config, "v4:2x2x1", effort=FAST)
+    # 64 rows a chip: activations, which grow with the batch, outweigh XLA's fixed buffers.
+    config = tiny_pretraining(**{"train.global_batch_size": 256})
+    v5e = plan_lib.compile_plan(config, "v5e:2x2")
+    v4 = plan_lib.compile_plan(config, "v4:2x2x1")
     doubled = plan_lib.compile_plan(config, "v5e:2x2", 2 * config.train.global_batch_size,
-                                    effort=FAST)
-    for plan in (v5e, v4, doubled):
-        assert [s.name for s in plan.steps] == ["train step", "eval step"]
+                                    evaluation=False)
+    for plan, steps in ((v5e, ["train step", "eval step"]), (v4, ["train step", "eval step"]),
+                        (doubled, ["train step"])):
+        assert [s.name for s in plan.steps] == steps
         assert plan.compute_dtype == jnp.bfloat16  # what a TPU run computes in, not the CPU's
         assert plan.fits
         for step in plan.steps:
-            assert min(step.state_bytes, step.batch_bytes, step.temp_bytes, step.flops) > 0
+            assert min(step.state_bytes, step.batch_bytes, step.flops) > 0
             assert step.total_bytes >= step.state_bytes + step.batch_bytes
+        # The backward pass keeps activations; a tiny eval step may need none off-chip.
+        assert plan.steps[0].temp_bytes > 0
     train, twice = v5e.steps[0], doubled.steps[0]
     assert twice.state_bytes == train.state_bytes
     assert twice.batch_bytes == 2 * train.batch_bytes
@@ -113,7 +118,7 @@ def test_a_finetuning_config_compiles_for_v5e_and_v4(tmp_path):
     data = classification_files(str(tmp_path))
     config = tiny_config(model, train_file=data["train"], eval_files=data["dev"])
     for name in ("v5e:2x2", "v4:2x2x1"):
-        plan = plan_lib.compile_plan(config, name, effort=FAST)
+        plan = plan_lib.compile_plan(config, name)
         assert plan.fits and [s.name for s in plan.steps] == ["train step", "eval step"]
         assert min(plan.steps[0].temp_bytes, plan.steps[0].flops) > 0
     assert not os.path.exists(tmp_path / "workdir")
@@ -126,13 +131,14 @@ def _main(*args, timeout=600):
 
 def test_base_pretraining_at_seq_128_fits_a_v5e_slice_and_prints_its_table():
     # BERT-base phase 1 at batch 64 on 4 chips: 16 rows a chip, as batch 256 on a v5e-16.
+    # Its train step alone (minutes to compile here); the tiny runs compile eval steps too.
     result = _main("--config=configs/base.py", "--compile_only=v5litepod-4",
-                   "--compile_effort=fast", "--config.train.global_batch_size=64")
+                   "--config.train.global_batch_size=64", "--config.train.eval_every=0")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "v5litepod-4 (v5e:2x2): 4 chips (TPU v5 lite, 16 GiB HBM each), 1 host" in out
-    assert "global batch 64, bfloat16 compute, float32 parameters, fast compile" in out
-    assert "train step" in out and "eval step" in out and "fits:" in out
+    assert "global batch 64, bfloat16 compute, float32 parameters" in out
+    assert "train step" in out and "eval step" not in out and "fits:" in out
     # Nothing libtpu prints about the TPU this machine lacks reaches the console.
     assert "TPU_ACCELERATOR_TYPE" not in result.stderr
 
@@ -150,7 +156,7 @@ def test_a_run_that_cannot_fit_is_refused_in_one_line_before_compiling(tmp_path)
 
 def test_temporaries_that_cannot_fit_are_refused_with_an_accumulation_hint():
     config = tiny_pretraining(**{"train.global_batch_size": 1 << 17})
-    plan = plan_lib.compile_plan(config, "v5e:2x2", effort=FAST)
+    plan = plan_lib.compile_plan(config, "v5e:2x2")
     assert not plan.fits
     message = plan_lib.refusal(plan, 1)
     assert "largest term is temporaries" in message
@@ -163,7 +169,7 @@ def _stub_plan(batch, bytes_per_chip, hbm_gib=16):
                              - batch, bytes_per_chip, 1e9, compiled=bytes_per_chip
                              <= hbm_gib * plan_lib.GIB)
     return plan_lib.Plan(tpu, [], {"data": 4, "fsdp": 1, "tensor": 1}, batch, jnp.float32,
-                         [step], "", "fast")
+                         [step], "")
 
 
 @pytest.mark.parametrize("first", [64, 4096, 100_000])

@@ -196,27 +196,17 @@ def _bytes_per_device(tree: Any) -> int:
     return total
 
 
-# XLA's exec_time_optimization_effort per --compile_effort: `exact` compiles as the run will
-# (its default effort), `fast` spends far less time scheduling for speed: BERT-base's train
-# step compiled 6.5x faster here, its temporaries within 1% (docs/tpu.md).
-EFFORTS = {"exact": 0.0, "fast": -1.0}
-
-
 @contextlib.contextmanager
-def _effort(name: str):
-    if name not in EFFORTS:
-        raise ValueError(f"--compile_effort={name}: expected one of {', '.join(EFFORTS)}")
-    saved = (jax.config.jax_exec_time_optimization_effort,
-             jax.config.jax_enable_compilation_cache)
-    jax.config.update("jax_exec_time_optimization_effort", EFFORTS[name])
-    # TPU programs compiled without a TPU cannot be loaded from a compilation cache, and a
-    # run's cache should not fill with them.
+def _no_compilation_cache():
+    """TPU programs compiled without a TPU cannot be loaded from a compilation cache, and a
+    run's cache should not fill with them. (JAX decides whether to use its cache once per
+    process: this holds where nothing was compiled before, as in `--compile_only`.)"""
+    saved = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
         yield
     finally:
-        jax.config.update("jax_exec_time_optimization_effort", saved[0])
-        jax.config.update("jax_enable_compilation_cache", saved[1])
+        jax.config.update("jax_enable_compilation_cache", saved)
 
 
 def compile_step(name: str, lower: Callable[[], Any], state: Any, batch: Any,
@@ -337,7 +327,6 @@ class Plan:
     compute_dtype: Any
     steps: list[StepPlan]
     note: str
-    effort: str = "exact"
 
     @property
     def hosts(self) -> int:
@@ -365,11 +354,10 @@ class Plan:
 
 
 def compile_plan(config: Any, slice_name: str, global_batch_size: int | None = None,
-                 devices: Sequence | None = None, effort: str = "exact",
-                 evaluation: bool = True) -> Plan:
+                 devices: Sequence | None = None, evaluation: bool = True) -> Plan:
     """The run of `config` compiled for the slice `slice_name` (its config's global batch, or
-    `global_batch_size`) with XLA effort `effort` (EFFORTS); the eval step too, when the run
-    evaluates and `evaluation` is on. `devices`: the slice's, when the caller has them."""
+    `global_batch_size`); the eval step too, when the run evaluates and `evaluation` is on.
+    `devices`: the slice's, when the caller has them already."""
     tpu = parse_slice(slice_name)
     devices = list(devices) if devices is not None else slice_devices(tpu)
     if global_batch_size is not None:
@@ -382,7 +370,7 @@ def compile_plan(config: Any, slice_name: str, global_batch_size: int | None = N
     program = PROGRAMS[config.mode](config, mesh, hosts)
     steps = program.steps
     hbm = tpu.generation.hbm_gib * GIB
-    with _effort(effort):
+    with _no_compilation_cache():
         plans = [compile_step("train step", lambda: steps.lower_train_step(program.train_batch),
                               steps.abstract_state(), steps.abstract_batch(program.train_batch),
                               hbm)]
@@ -392,7 +380,7 @@ def compile_plan(config: Any, slice_name: str, global_batch_size: int | None = N
                 "eval step", lambda: steps.lower_eval_step(program.eval_batch),
                 steps.abstract_params, steps.abstract_batch(program.eval_batch), hbm))
     return Plan(tpu, devices, dict(mesh.shape), config.train.global_batch_size,
-                program.compute_dtype, plans, program.note, effort)
+                program.compute_dtype, plans, program.note)
 
 
 # --- the report -------------------------------------------------------------------------
@@ -415,8 +403,8 @@ def table(plan: Plan) -> str:
         f"({plan.device_kind}, {g.hbm_gib} GiB HBM each), {plan.hosts} "
         f"host{'s' if plan.hosts > 1 else ''}, mesh {mesh}",
         f"global batch {plan.global_batch_size}, "
-        f"{np.dtype(plan.compute_dtype).name} compute, float32 parameters, "
-        f"{plan.effort} compile" + (f"; {plan.note}" if plan.note else ""),
+        f"{np.dtype(plan.compute_dtype).name} compute, float32 parameters"
+        + (f"; {plan.note}" if plan.note else ""),
         "per chip:",
         f"{'step':<11} {'compile s':>9} {'params+opt':>11} {'batch':>10} {'temporaries':>11} "
         f"{'total':>10} {'of HBM':>6} {'GFLOP':>9} {'time at 100% / 50% of peak':>27}",
@@ -450,26 +438,27 @@ def table(plan: Plan) -> str:
 
 
 def refusal(plan: Plan, accumulation: int) -> str:
-    """One line: why the run does not fit, its largest term, and what to try."""
+    """One line: why the run does not fit, its largest term, and what to try for that term."""
     step = plan.largest
     term, bytes_ = max(step.terms().items(), key=lambda kv: kv[1])
-    rows = plan.global_batch_size // accumulation // math.prod(
-        n for axis, n in plan.mesh_shape.items() if axis != "tensor")
-    hint = ""
-    free = plan.hbm_bytes - step.state_bytes - step.batch_bytes
-    if term.startswith("temporaries") and free > 0:
-        # Temporaries grow with the micro-batch; the smallest power of two that brings them
-        # under what is left is an estimate to check with another --compile_only.
-        steps = 2 ** math.ceil(math.log2(step.temp_bytes / free))
-        if rows >= steps:
-            hint = (f"; try --config.optimizer.grad_accum_steps={accumulation * steps} "
-                    f"(an estimate: check it with --compile_only), model.remat, or a larger "
-                    f"slice")
-    if not hint:
-        hint = "; shard the state over more chips (mesh.shape's fsdp axis) or a larger slice"
+    if term == "batch":
+        hint = "a smaller train.global_batch_size, or a larger slice"
+    elif term.startswith("parameters"):
+        hint = ("parameters and optimizer state sharded over the chips "
+                "(--config.mesh.shape='(1,-1,1)'), or a larger slice")
+    else:
+        hint = "--config.model.remat=True, or a larger slice"
+        free = plan.hbm_bytes - step.state_bytes - step.batch_bytes
+        if free > 0:
+            # Temporaries grow with the micro-batch: the smallest power of two that brings
+            # them under what is left, an estimate to check with another --compile_only.
+            split = 2 ** math.ceil(math.log2(max(step.temp_bytes / free, 1.0)))
+            if split > 1 and plan.global_batch_size % (accumulation * split) == 0:
+                hint = (f"--config.optimizer.grad_accum_steps={accumulation * split} (an "
+                        f"estimate: check it with --compile_only), " + hint)
     return (f"the {step.name} needs {size(step.total_bytes)} per chip on {plan.tpu.name} "
             f"({plan.device_kind}, {plan.tpu.generation.hbm_gib} GiB): the largest term is "
-            f"{term}, {size(bytes_)}{hint}")
+            f"{term}, {size(bytes_)}; try {hint}")
 
 
 def largest_batch(config: Any, slice_name: str, first: Plan, granule: int,
@@ -488,7 +477,7 @@ def largest_batch(config: Any, slice_name: str, first: Plan, granule: int,
     one granule), or `max_compiles` compiles were spent."""
     def plan_at(batch: int) -> Plan:
         plan = (compile_at or (lambda b: compile_plan(config, slice_name, b, first.devices,
-                                                       first.effort, evaluation=False)))(batch)
+                                                       evaluation=False)))(batch)
         report(f"  global batch {batch}: {size(plan.largest.total_bytes)} per chip, "
                f"{'fits' if plan.fits else 'does not fit'}")
         return plan
