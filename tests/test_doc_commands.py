@@ -1,4 +1,4 @@
-"""Every command in README.md, WORKSPACE.md and launch/README.md works as pasted.
+"""Every command in README.md, WORKSPACE.md, launch/README.md and docs/tpu.md works as pasted.
 
 The commands are read from the documents themselves: each line of a fenced code block (with
 `\\` continuations joined) and each inline `code` span that starts like a command. Every one
@@ -29,7 +29,7 @@ from test_platforms import SOURCE_ONLY
 from bertjax import main as bertjax_main
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "WORKSPACE.md", "launch/README.md"]
+DOCS = ["README.md", "WORKSPACE.md", "launch/README.md", "docs/tpu.md"]
 COMMAND_START = ("python", ".venv/bin/python", "PYTHONPATH=", "make ", "pip ", "uv ",
                  "git clone", "curl ", ". ", "time ")
 # Steps that set up a machine: they need the network or a fresh directory, not this checkout.
