@@ -162,7 +162,7 @@ for key in REQUIRED.get(config.mode, []):
     for part in key.split("."):
         value = value[part]
     if not value:
-        sys.exit(f"bertjax.main: error: config.{key} is empty: a {config.mode} run needs it "
+        sys.exit(f"bertjax.main: error: config.{key} is not set: a {config.mode} run needs it "
                  f"(--config.{key}=...)")
 with cli.one_line_errors("bertjax.main"):
     importlib.import_module(VALIDATORS[config.mode]).validate(config)

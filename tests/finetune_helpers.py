@@ -72,8 +72,8 @@ def classification_files(directory: str) -> dict[str, str]:
                               ("sentence",))}
 
 
-def tiny_config(init_checkpoint: str, **task):
-    config = finetune_config.defaults()
+def tiny_config(init_checkpoint: str, type: str = "classification", **task):
+    config = finetune_config.defaults(type)
     config.init_checkpoint = init_checkpoint
     config.quiet = True
     config.task.max_seq_length = 16

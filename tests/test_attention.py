@@ -16,7 +16,7 @@ from jax.sharding import PartitionSpec as P
 from bertjax.models import attention
 from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import finetune, finetune_config, pretrain, pretrain_config, sharding
+from bertjax.training import config_sections, finetune_config, pretrain_config, sharding
 
 # The kernel's blocks are 128 positions: the shortest length it runs at.
 L = 128
@@ -45,7 +45,7 @@ def _sharded(config, packed: bool):
     heads over tensor, as training shards them. The loss reads only rows with real tokens
     (and, packed, only real tokens)."""
     mesh = sharding.make_mesh((2, 2, 2))
-    rules = pretrain_config.DEFAULT_RULES
+    rules = config_sections.DEFAULT_RULES
     batch = _batch()
     model = BertForPreTraining(config, mesh)
     reads = np.array([[5, 90, 127], [1, 60, 99], [3, 17, 36], [0, 0, 0]], np.int32)
@@ -162,13 +162,12 @@ def test_splash_with_dropout_on_the_probabilities_is_an_error():
         dataclasses.replace(SMALL, attention="flash")
     for config in (pretrain_config.defaults("tiny"), finetune_config.defaults()):
         config.model.attention = "splash"  # attention_probs_dropout_prob stays 0.1
-        with pytest.raises(ValueError, match=r"model.attention_probs_dropout_prob=0 \(it is "
-                                             r"0.1\)"):
-            pretrain_config.check_attention(config.model)
+        with pytest.raises(ValueError, match=r"model.attention 'splash' .* set "
+                                             r"attention_probs_dropout_prob to 0, not 0.1"):
+            config_sections.check_model(config.model)
         config.model.attention = "flash"
-        with pytest.raises(ValueError, match="model.attention 'flash': expected one of xla, "
-                                             "splash"):
-            pretrain_config.check_attention(config.model)
+        with pytest.raises(ValueError, match="model.attention 'flash': expected one of"):
+            config_sections.check_model(config.model)
 
 
 def test_the_config_key_reaches_the_model():
@@ -177,14 +176,15 @@ def test_the_config_key_reaches_the_model():
     for config in (pretraining, finetuning):
         config.model.attention = "splash"
         config.model.attention_probs_dropout_prob = 0.0
-    assert pretrain.model_config(pretraining.model, 100).attention == "splash"
-    assert finetune.task_model_config(BertConfig(), finetuning.model).attention == "splash"
+    assert BertConfig.from_config(pretraining.model, vocab_size=100).attention == "splash"
+    assert BertConfig.from_config(finetuning.model, BertConfig()).attention == "splash"
 
 
 def test_validate_checks_the_attention():
     config = pretrain_config.defaults("tiny")
     config.model.attention = "splash"
-    with pytest.raises(ValueError, match="model.attention_probs_dropout_prob=0"):
+    with pytest.raises(ValueError, match="model.attention 'splash' .* set "
+                                         "attention_probs_dropout_prob to 0"):
         pretrain_config.validate(config)
     config.model.attention_probs_dropout_prob = 0.0
     pretrain_config.validate(config)

@@ -135,7 +135,7 @@ DEMO_SHRINK = {
     "bertjax.prepare": ["--vocab_size=1000", "--spm_sample_sentences=5000", "--quiet"],
     "bertjax.main": ["--config.train.num_steps=2", "--config.train.global_batch_size=8",
                      "--config.data.max_seq_length=64", "--config.data.max_predictions_per_seq=10",
-                     "--config.train.log_every=1", "--config.train.eval_every=0",
+                     "--config.train.log_every=1", "--config.train.evaluate=false",
                      "--config.train.checkpoint_every=2", "--config.optimizer.warmup_steps=1",
                      "--config.quiet=true"],
 }

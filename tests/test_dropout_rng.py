@@ -14,6 +14,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import pretrain_helpers as ph
 from bertjax.models import dropout
 from bertjax.models.dropout import COUNTER_HASH, HalfWordDropout
+from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import pretrain, pretrain_config, trainer
 
@@ -21,7 +22,7 @@ from bertjax.training import pretrain, pretrain_config, trainer
 def _setup(impl: str, mask_bits: int = 32):
     config = ph.tiny_config()
     config.model.dropout_mask_bits = mask_bits
-    model = BertForPreTraining(pretrain.model_config(config.model, ph.VOCAB))
+    model = BertForPreTraining(BertConfig.from_config(config.model, vocab_size=ph.VOCAB))
     batch = ph.synthetic_batch(0, 0, range(4), 13, 3, ph.VOCAB)
     ids = batch["input_ids"]
     params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,

@@ -319,7 +319,7 @@ def test_a_truncated_safetensors_file_is_named(tmp_path):
 
 def test_a_fine_tuned_model_as_init_checkpoint_gives_its_encoder(tmp_path):
     from bertjax.models.heads import BertForSequenceClassification, init_params
-    from bertjax.training import finetune, pretrain_config, sharding
+    from bertjax.training import config_sections, finetune, sharding
     import flax.linen as nn
     import jax
     from finetune_helpers import TINY
@@ -330,5 +330,5 @@ def test_a_fine_tuned_model_as_init_checkpoint_gives_its_encoder(tmp_path):
     checkpoints.save_model(model, params, TINY, wordpiece())
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     bert = finetune.load_encoder(checkpoints.open_model(str(tmp_path / "fine-tuned")),
-                                 TINY.num_hidden_layers, mesh, pretrain_config.DEFAULT_RULES)
+                                 TINY.num_hidden_layers, mesh, config_sections.DEFAULT_RULES)
     jax.tree.map(np.testing.assert_array_equal, bert, params["bert"])

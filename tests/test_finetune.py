@@ -14,7 +14,7 @@ import pytest
 
 import real_data
 from bertjax.data.tokenizers import load_tokenizer
-from bertjax.training import checkpoints, finetune, pretrain_config
+from bertjax.training import checkpoints, config_sections, finetune
 from bertjax.training.inference import TaskPredictor
 from finetune_helpers import (TINY, classification_files, tiny_config, tiny_model_dir,
                               tiny_pretraining_params, tiny_pretraining_workdir)
@@ -116,7 +116,7 @@ def test_encoder_from_a_pretraining_workdir_and_truncated(tmp_path):
     assert load_tokenizer(source.tokenizer_dir).vocab_size == TINY.vocab_size
     from bertjax.training import sharding
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    bert = finetune.load_encoder(source, 1, mesh, pretrain_config.DEFAULT_RULES)
+    bert = finetune.load_encoder(source, 1, mesh, config_sections.DEFAULT_RULES)
     assert sorted(bert["encoder"]) == ["layer_0"]
     for a, b in zip(jax.tree.leaves(bert["encoder"]["layer_0"]),
                     jax.tree.leaves(params["bert"]["encoder"]["layer_0"])):
@@ -147,7 +147,7 @@ def test_clear_errors(tmp_path, tiny_dir, files):
     with pytest.raises(ValueError, match=r"train.tsv: no column 'text'; it has columns "
                                          r"\['sentence', 'label'\]"):
         finetune.finetune(_config(tiny_dir, files, text_columns="text"), str(tmp_path / "b"))
-    with pytest.raises(ValueError, match="init_checkpoint is empty"):
+    with pytest.raises(ValueError, match="init_checkpoint is not set"):
         finetune.finetune(_config("", files), str(tmp_path / "c"))
     config = _config(tiny_dir, files)
     config.train.global_batch_size = 128
@@ -203,7 +203,7 @@ def test_finetune_configs_have_every_key_and_their_command(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     config = module.get_config()
-    assert _keys(config) == _keys(finetune_config.defaults())
+    assert _keys(config) == _keys(finetune_config.defaults(config.task.type))
     assert config.mode == "finetune"
     assert (f"python -m bertjax.main --config=configs/finetune/{name}.py --workdir="
             in module.__doc__)

@@ -294,7 +294,7 @@ def test_batch_container_image_path_and_gpu_flags():
     # The config and its overrides, checked by bertjax.main's parser before any TPU exists.
     (TPU, None, ["--", "--config.run_name=x", SHARDS], "has no key 'run_name'"),
     (TPU, None, ["--", "--config.train.num_steps=many", SHARDS], "num_steps=many"),
-    (TPU, None, ["--"], "config.data.shard_dir is empty"),
+    (TPU, None, ["--"], "config.data.shard_dir is not set"),
     (TPU, "--config", ["--config=configs/nope.py"], "configs/nope.py"),
     (TPU, "--config", ["--config=configs/tiny.py:nope"], "recipe 'nope': expected one of"),
     # Values bertjax.main's run refuses first (pretrain_config.validate), not only its parser.
@@ -313,7 +313,7 @@ def test_batch_container_image_path_and_gpu_flags():
     (BATCH, None, ["--max_run_duration=forever"], "--max_run_duration=forever"),
     (BATCH, None, ["--", "--config.optimizer.lr=1e-3", SHARDS], "optimizer has no key 'lr'"),
     (BATCH, "--config", ["--config=configs/finetune/classify.py", "--"],
-     "config.init_checkpoint is empty"),
+     "config.init_checkpoint is not set"),
     (BATCH, "--config", ["--config=configs/finetune/classify.py", "--",
                          "--config.init_checkpoint=gs://b/model"],
      "task.train_file and task.tfds_name are both empty"),

@@ -182,12 +182,12 @@ def test_two_processes_preempted_and_resumed_train_exactly_like_one(tmp_path):
 
 def test_compute_is_bfloat16_on_accelerators_and_float32_on_cpu(monkeypatch):
     import jax.numpy as jnp
-    from bertjax.training import pretrain
-    assert pretrain.compute_dtype("auto") == jnp.float32  # these tests run on the CPU
+    from bertjax.models.bert import compute_dtype
+    assert compute_dtype("auto") == jnp.float32  # these tests run on the CPU
     for backend in ("gpu", "tpu"):
         monkeypatch.setattr(jax, "default_backend", lambda backend=backend: backend)
-        assert pretrain.compute_dtype("auto") == jnp.bfloat16
-    assert pretrain.compute_dtype("float32") == jnp.float32
+        assert compute_dtype("auto") == jnp.bfloat16
+    assert compute_dtype("float32") == jnp.float32
 
 
 @pytest.mark.parametrize("kind, peak", [("TPU v5 lite", 197e12), ("TPU v5p", 459e12),

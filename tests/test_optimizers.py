@@ -28,7 +28,7 @@ def test_decay_mask_skips_layer_norm_and_biases():
 def test_bert_adamw_has_no_bias_correction_and_decays_only_weights():
     lr, wd, b1, b2, eps = 0.1, 0.01, 0.9, 0.999, 1e-6
     tx = optimizers.make_optimizer("bert_adamw", lambda step: lr, b1=b1, b2=b2, eps=eps,
-                                   weight_decay=wd, clip_norm=0.0)
+                                   weight_decay=wd, clip_norm=None)
     params = toy_params()
     rng = np.random.default_rng(0)
     grads = [jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
@@ -82,7 +82,7 @@ def test_global_norm_clipping():
     clipped = optimizers.make_optimizer("bert_adamw", lambda s: 0.1, b1=0.9, b2=0.999,
                                         eps=1e-6, weight_decay=0.0, clip_norm=1.0)
     unclipped = optimizers.make_optimizer("bert_adamw", lambda s: 0.1, b1=0.9, b2=0.999,
-                                          eps=1e-6, weight_decay=0.0, clip_norm=0.0)
+                                          eps=1e-6, weight_decay=0.0, clip_norm=None)
     a, _ = clipped.update(g, clipped.init(params), params)
     b, _ = unclipped.update(jax.tree.map(lambda x: x / norm, g), unclipped.init(params), params)
     jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6), a, b)
@@ -109,7 +109,7 @@ def test_warmup_linear_schedule_peaks_at_warmup_end():
 def test_bad_optimizer_settings_are_named():
     with pytest.raises(ValueError, match="optimizer.name 'sgd'"):
         optimizers.make_optimizer("sgd", lambda s: 0.1, b1=0.9, b2=0.999, eps=1e-6,
-                                  weight_decay=0.0, clip_norm=0.0)
+                                  weight_decay=0.0, clip_norm=None)
     with pytest.raises(ValueError, match="optimizer.schedule 'cosine'"):
         optimizers.learning_rate_schedule("cosine", 1e-4, 10, 100)
     with pytest.raises(ValueError, match=r"warmup_steps >= 0 \(got -1\)"):
@@ -159,7 +159,7 @@ def test_lamb_matches_nvidia_lamb(weight_decay):
     lr = lambda step: 0.01 * (step + 1)  # a changing rate, to catch an off-by-one step
     b1, b2, eps = 0.9, 0.999, 1e-6
     tx = optimizers.make_optimizer("lamb", lr, b1=b1, b2=b2, eps=eps,
-                                   weight_decay=weight_decay, clip_norm=0.0)
+                                   weight_decay=weight_decay, clip_norm=None)
     state, p = tx.init(params), params
     for g in grads:
         updates, state = tx.update(g, state, p)

@@ -170,7 +170,7 @@ def test_packed_tagging_rows_carry_each_token_label_and_give_its_loss_and_gradie
     model = BertForTokenClassification(DETERMINISTIC, 2)
     params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), *(
         jnp.asarray(tagged[k][:1]) for k in tasks.INPUTS))["params"])
-    task = tasks.get("tagging")(types.SimpleNamespace(scheme=""))
+    task = tasks.get("tagging")(tasks.get("tagging").settings())
 
     def logits(params, arrays):
         return model.apply({"params": params}, *(arrays[k] for k in tasks.INPUTS),
@@ -291,8 +291,8 @@ def test_bucket_lengths_are_checked(tmp_path):
     with pytest.raises(ValueError, match=r"train.bucket_lengths \(12, 8\): expected ascending "
                                          r"distinct lengths from 1 to task.max_seq_length 16"):
         finetune.finetune(config, str(tmp_path / "a"))
+    config = tiny_config(str(tmp_path), type="squad", train_file="x.json")
     config.train.bucket_lengths = (8,)
-    config.task.type = "squad"
     with pytest.raises(ValueError, match="task.type squad cannot cut its batches: its span "
                                          "softmax runs over every position"):
         finetune.finetune(config, str(tmp_path / "b"))

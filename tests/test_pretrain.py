@@ -13,6 +13,7 @@ import optax
 import pytest
 
 import pretrain_helpers as ph
+from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import checkpoints, pretrain, trainer
 
@@ -107,7 +108,7 @@ def test_checkpoints_of_another_model_size_fail_clearly(tmp_path):
 def test_bfloat16_compute_keeps_float32_parameters_and_losses():
     config = ph.tiny_config()
     config.model.dtype = "bfloat16"
-    model = BertForPreTraining(pretrain.model_config(config.model, ph.VOCAB))
+    model = BertForPreTraining(BertConfig.from_config(config.model, vocab_size=ph.VOCAB))
     batch = ph.synthetic_batch(0, 0, range(4), 13, 3, ph.VOCAB)
     ids = batch["input_ids"]
     params = nn.unbox(jax.eval_shape(

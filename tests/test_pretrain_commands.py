@@ -18,7 +18,7 @@ SHRINK = ["--config.model.num_hidden_layers=2", "--config.model.hidden_size=128"
           "--config.model.num_attention_heads=2", "--config.model.intermediate_size=512",
           "--config.train.num_steps=2",
           "--config.train.global_batch_size=8", "--config.train.log_every=1",
-          "--config.train.eval_every=0", "--config.train.checkpoint_every=2",
+          "--config.train.evaluate=false", "--config.train.checkpoint_every=2",
           "--config.optimizer.warmup_steps=1", "--config.quiet=true"]
 
 

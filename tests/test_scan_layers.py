@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
 from test_model import ODD, _batch
 
@@ -62,7 +63,7 @@ def test_scanned_sharded_pretraining_run_matches_the_per_layer_run(tmp_path):
         return c
 
     # Both start from the same parameters (a fresh scanned model draws other initial values).
-    start = pretrain.model_config(config(False).model, ph.VOCAB)
+    start = BertConfig.from_config(config(False).model, vocab_size=ph.VOCAB)
     start_params = nn.unbox(jax.jit(BertForPreTraining(start).init)(
         jax.random.key(0), *_batch())["params"])
     checkpoints.save_model(str(tmp_path / "start"), start_params, start)

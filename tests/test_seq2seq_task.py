@@ -92,6 +92,19 @@ def test_named_errors_for_an_empty_source_and_a_long_target(tmp_path):
         task.featurize(task.read(path, labelled=True), wordpiece(), None)
 
 
+def test_several_examples_a_row_are_refused_for_generation():
+    # BERT2BERT's forward reads no packing inputs: packed rows would train every source as
+    # one text. The task declares it cannot pack, and the config check enforces that.
+    from bertjax.training import finetune_config
+    for kind in ("seq2seq", "unilm"):
+        config = tiny_config("model", type=kind, train_file="train.tsv")
+        finetune_config.validate(config)
+        config.train.examples_per_row = 2
+        with pytest.raises(ValueError, match=f"examples_per_row 2: task.type {kind} cannot "
+                                             f"hold several examples in a row"):
+            finetune_config.validate(config)
+
+
 def test_decoder_warm_starts_from_the_encoder_or_the_checkpoint():
     import flax.linen as nn
     import numpy as np

@@ -12,7 +12,7 @@ from jax.sharding import PartitionSpec as P
 import pretrain_helpers as ph
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import pretrain, sharding
+from bertjax.training import config_sections, pretrain, sharding
 
 
 def test_mesh_shape_fills_and_checks_the_device_count():
@@ -38,7 +38,7 @@ def test_indivisible_parameter_dimension_names_parameter_and_axis():
     with pytest.raises(ValueError, match=r"parameter bert/encoder/layer_0/attention/"
                        r"attention_output/kernel \(4, 8, 32\): dimension 0 \(logical axis "
                        r"'heads', size 4\) is not divisible by mesh axis 'tensor' of size 8"):
-        sharding.param_shardings(boxed["params"], mesh, ph.pretrain_config.DEFAULT_RULES)
+        sharding.param_shardings(boxed["params"], mesh, config_sections.DEFAULT_RULES)
     with pytest.raises(ValueError, match="unknown mesh axis 'model'"):
         sharding.param_shardings(boxed["params"], mesh, (("embed", "model"),))
 
@@ -47,7 +47,7 @@ def test_batch_must_split_over_batch_shards():
     mesh = sharding.make_mesh((2, 4, 1))
     with pytest.raises(ValueError, match=r"global_batch_size 12 is not divisible by "
                        r"grad_accum_steps \(1\) x batch shards \(8"):
-        sharding.check_batch_size(12, mesh, ph.pretrain_config.DEFAULT_RULES)
+        sharding.check_batch_size(12, mesh, config_sections.DEFAULT_RULES)
 
 
 def _losses(workdir):

@@ -138,3 +138,30 @@ def test_tfds_by_name_with_mocked_data_and_clear_error_when_missing(tmp_path):
         read_tfds("glue/mrpc", "train", data_dir=str(tmp_path))
     with pytest.raises(ValueError, match="TFDS dataset 'imdb'"):
         read_tfds("imdb", "train")
+
+
+def test_each_task_owns_its_settings_and_a_task_json_reads_through_them(tmp_path):
+    from bertjax.tasks import base as tasks
+    from bertjax.training import finetune_config
+    # The tagging section is tagging's: no table columns, its own scheme keys.
+    tagging = tasks.get("tagging").settings()
+    assert "scheme" in tagging and "text_columns" not in tagging
+    assert "text_columns" in tasks.get("seq2seq").settings()
+    config = finetune_config.defaults("classification")
+    config.init_checkpoint, config.task.train_file = "model", "train.tsv"
+    config.task.type = "regression"  # one family, one section
+    assert finetune_config.validate(config).name == "regression"
+    config.task.type = "tagging"
+    with pytest.raises(ValueError, match=r"task.type tagging: the config's task section was "
+                                         r"made for another task .*finetune_config.defaults\('tagging'\)"):
+        finetune_config.validate(config)
+    # A task.json written when unset settings were "" reads as unset.
+    LabelVocab.from_labels(["O", "B-PER"]).save(str(tmp_path))
+    (tmp_path / "task.json").write_text('{"type": "tagging", "max_seq_length": 64, '
+                                        '"doc_stride": 32, "tag_scheme": "", "scheme": ""}')
+    task, _ = tasks.Task.from_model_directory(str(tmp_path))
+    assert (task.settings.scheme, task.settings.doc_stride, task.kind) == (None, 32, "entity")
+    (tmp_path / "task.json").write_text('{"type": "tagging", "num_beams": 4}')
+    with pytest.raises(ValueError, match="task.json: 'num_beams' is not a setting of task.type "
+                                         "tagging"):
+        tasks.Task.from_model_directory(str(tmp_path))

@@ -133,7 +133,7 @@ def test_base_pretraining_at_seq_128_fits_a_v5e_slice_and_prints_its_table():
     # BERT-base phase 1 at batch 64 on 4 chips: 16 rows a chip, as batch 256 on a v5e-16.
     # Its train step alone (minutes to compile here); the tiny runs compile eval steps too.
     result = _main("--config=configs/base.py", "--compile_only=v5litepod-4",
-                   "--config.train.global_batch_size=64", "--config.train.eval_every=0")
+                   "--config.train.global_batch_size=64", "--config.train.evaluate=false")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "v5litepod-4 (v5e:2x2): 4 chips (TPU v5 lite, 16 GiB HBM each), 1 host" in out

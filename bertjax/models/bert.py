@@ -89,10 +89,10 @@ class BertConfig:
             raise ValueError(f"hidden_act {self.hidden_act!r}: expected one of {sorted(ACTIVATIONS)}")
         if self.dropout_mask_bits not in MASK_BITS:
             raise ValueError(f"dropout_mask_bits {self.dropout_mask_bits}: expected one of "
-                             f"{MASK_BITS}")
+                             f"{', '.join(map(str, MASK_BITS))}")
         if self.attention not in attention_lib.ATTENTIONS:
             raise ValueError(f"attention {self.attention!r}: expected one of "
-                             f"{attention_lib.ATTENTIONS}")
+                             f"{', '.join(attention_lib.ATTENTIONS)}")
         if self.attention == "splash" and self.attention_probs_dropout_prob:
             raise ValueError(f"attention 'splash' has no dropout on the attention "
                              f"probabilities: set attention_probs_dropout_prob to 0, not "
@@ -109,6 +109,34 @@ class BertConfig:
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.ARCHITECTURE_KEYS}
 
+    # How the encoder runs, not what it is: a config's `model` section sets these over any
+    # architecture (the preset's in pretraining, the checkpoint's in fine-tuning).
+    RUN_OPTIONS = ("hidden_dropout_prob", "attention_probs_dropout_prob", "remat", "remat_policy",
+                   "scan_layers", "dropout_mask_bits", "sparse_last_layer", "attention")
+
+    @classmethod
+    def from_config(cls, model: Any, base: "BertConfig | None" = None, *,
+                    vocab_size: int | None = None, platform: str | None = None) -> "BertConfig":
+        """The encoder a config's `model` section describes, computing in its dtype on
+        `platform` (see compute_dtype).
+
+        Fine-tuning gives `base`, the checkpoint's architecture, of which the section keeps
+        the first `keep_layers` layers (None: all). Pretraining's section names the
+        architecture itself, with `model.vocab_size` or else the tokenizer's `vocab_size`.
+        """
+        if base is None:
+            if model.vocab_size is not None and model.vocab_size < vocab_size:
+                raise ValueError(f"vocab_size {model.vocab_size} is smaller than the "
+                                 f"tokenizer's vocabulary ({vocab_size})")
+            base = cls.from_dict({**model, "vocab_size": model.vocab_size or vocab_size})
+        elif model.keep_layers is not None:
+            if not 0 < model.keep_layers <= base.num_hidden_layers:
+                raise ValueError(f"keep_layers {model.keep_layers}: the checkpoint has "
+                                 f"{base.num_hidden_layers} layers")
+            base = dataclasses.replace(base, num_hidden_layers=model.keep_layers)
+        return dataclasses.replace(base, **{k: model[k] for k in cls.RUN_OPTIONS},
+                                   dtype=compute_dtype(model.dtype, platform))
+
     @classmethod
     def from_dict(cls, d: dict, **overrides) -> "BertConfig":
         """Reads a bertjax, original TF or Hugging Face config dict; unknown keys are ignored."""
@@ -120,6 +148,15 @@ class BertConfig:
         if missing:
             raise ValueError(f"model config lacks required keys {missing}")
         return cls(**{**values, **overrides})
+
+
+def compute_dtype(name: str, platform: str | None = None):
+    """The compute dtype `name` means on `platform` (default: this process's backend): `auto`
+    is bfloat16 on accelerators, float32 on CPUs."""
+    if name == "auto":
+        platform = platform or jax.default_backend()
+        name = "bfloat16" if platform in ("gpu", "tpu") else "float32"
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
 
 
 def _init(config: BertConfig):

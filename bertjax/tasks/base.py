@@ -18,10 +18,11 @@ import dataclasses
 import importlib
 import os
 import pkgutil
-import types
 from typing import Any, ClassVar, Sequence
 
 import jax.numpy as jnp
+import ml_collections
+from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.tasks.features import PACKING_INPUTS, Features, LabelVocab
@@ -46,9 +47,34 @@ class TaskData:
     labels: LabelVocab | None  # the training set's label vocabulary, for tasks that have one
 
 
+def data_settings() -> ml_collections.ConfigDict:
+    """The `task` keys every task reads: where its data is, how it is read, how long a row is.
+    """
+    s = ml_collections.ConfigDict()
+    s.type = placeholder(str)  # the task's name (Task.settings writes it)
+    s.train_file = placeholder(str)
+    # Labelled files: each is evaluated (metrics + a predictions file).
+    s.eval_files = ()
+    # Unlabelled files: predictions only, after training.
+    s.predict_files = ()
+    # tsv | csv | jsonl | conll | squad | text; None tells it from the task and file extension.
+    s.format = placeholder(str)
+    # Instead of files: a TFDS dataset by name (glue/sst2, glue/mrpc, glue/stsb, squad, ...),
+    # already prepared in tfds_data_dir (None: TFDS's default).
+    s.tfds_name = placeholder(str)
+    s.tfds_data_dir = placeholder(str)
+    s.tfds_train_split = "train"
+    s.tfds_eval_splits = ("validation",)
+    s.max_seq_length = 128
+    # The metric that picks the best evaluation; None: the task's own (Task.best_metric).
+    s.best_metric = placeholder(str)
+    s.tokenizer = placeholder(str)  # None: the init checkpoint's (or its shard_dir's)
+    return s
+
+
 class Task(abc.ABC):
-    """One task type. `settings` is the config's `task` section (or, for a fine-tuned model,
-    what `task.json` kept of it)."""
+    """One task type. `settings` is the config's `task` section, as `settings()` defines it
+    (for a fine-tuned model: that definition with what `task.json` kept of it)."""
 
     name: ClassVar[str]  # the value of task.type
     command: ClassVar[str]  # `python -m bertjax.predict COMMAND` for its models
@@ -68,6 +94,24 @@ class Task(abc.ABC):
 
     def __init__(self, settings: Any):
         self.settings = settings
+
+    # --- settings ----------------------------------------------------------------------------
+
+    @classmethod
+    def settings(cls) -> ml_collections.ConfigDict:
+        """The config's `task` section for this task, every key with its default: the keys
+        every task reads (`data_settings`) and the task's own (`own_settings`)."""
+        s = data_settings()
+        s.type = cls.name
+        for key, value in cls.own_settings().items():
+            s[key] = value
+        return s
+
+    @classmethod
+    def own_settings(cls) -> dict[str, Any]:
+        """This task's keys of the `task` section with their defaults (placeholder(type) for
+        a key whose None means "decide from the data"). The constructor validates them."""
+        return {}
 
     # --- inputs ------------------------------------------------------------------------------
 
@@ -155,7 +199,7 @@ class Task(abc.ABC):
                 raise ValueError("set task.train_file or task.tfds_name, not both")
             return self.read_tfds(s.tfds_name, s.tfds_train_split, s.tfds_data_dir or None)
         if not s.train_file:
-            raise ValueError("task.train_file is empty: set it (or task.tfds_name) to the "
+            raise ValueError("task.train_file is not set: set it (or task.tfds_name) to the "
                              "training data")
         return self.read(s.train_file, labelled=True)
 
@@ -188,11 +232,14 @@ class Task(abc.ABC):
 
     def save(self, directory: str, labels: LabelVocab | None) -> None:
         """What `from_model_directory` needs besides the model: task.json and labels.json."""
-        kept = {"type": self.name,
-                **{k: getattr(self.settings, k) for k in self.saved_settings}}
-        files.write_json(os.path.join(directory, TASK_FILE), kept, indent=1)
+        files.write_json(os.path.join(directory, TASK_FILE), {"type": self.name, **self.saved()},
+                         indent=1)
         if labels is not None:
             labels.save(directory)
+
+    def saved(self) -> dict[str, Any]:
+        """The settings task.json keeps: `saved_settings`, as this run used them."""
+        return {k: self.settings[k] for k in self.saved_settings}
 
     @staticmethod
     def from_model_directory(directory: str) -> tuple["Task", LabelVocab | None]:
@@ -202,14 +249,14 @@ class Task(abc.ABC):
                                     f"(fine-tuning exports one as WORKDIR/model)")
         kept = files.read_json(path)
         cls = get(kept.pop("type"))
-        task = cls(types.SimpleNamespace(**{**reading_defaults(), **kept}))
-        return task, (LabelVocab.load(directory) if cls.uses_labels else None)
-
-
-def reading_defaults() -> dict:
-    """Settings for reading files to predict on when a model's task.json does not say."""
-    return {"format": "", "header": True, "text_columns": ("sentence",), "label_column": "label",
-            "tag_scheme": "", "strict_tags": False, "scheme": "", "doc_stride": 128}
+        settings = cls.settings()
+        for key, value in kept.items():
+            if key not in settings:
+                raise ValueError(f"{path}: {key!r} is not a setting of task.type {cls.name}")
+            if value == "" and settings[key] is None:
+                value = None  # written when unset settings were "" (before placeholders)
+            settings[key] = tuple(value) if isinstance(value, list) else value
+        return cls(settings), (LabelVocab.load(directory) if cls.uses_labels else None)
 
 
 def _name(path: str) -> str:

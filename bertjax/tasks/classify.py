@@ -256,6 +256,30 @@ def _truncate(a: list[int], b: list[int] | None, max_seq_length: int):
 # --- the tasks ------------------------------------------------------------------------------
 
 
+def table_settings() -> dict:
+    """The `task` keys of tasks that read TSV/CSV/JSONL tables."""
+    return {
+        "header": True,  # TSV/CSV files start with a header line of column names
+        # Column names (or 0-based positions in files without a header): one text column, or
+        # two for sentence pairs.
+        "text_columns": ("sentence",),
+        "label_column": "label",
+    }
+
+
+def read_task_table(settings, task_name: str, path: str, labelled: bool,
+                    regression: bool = False) -> list[TextExample]:
+    """A table as `table_settings` describe it (task.format, or the file's extension)."""
+    fmt = settings.format or FORMATS.get(os.path.splitext(path)[1].lower())
+    if fmt not in ("tsv", "csv", "jsonl"):
+        raise ValueError(f"{path}: task.type {task_name} reads tsv, csv or jsonl files; set "
+                         f"task.format to one of them" + (f", not {fmt}" if fmt else ""))
+    columns = [c if settings.header or not str(c).isdigit() else int(c)
+               for c in settings.text_columns]
+    return read_table(path, columns, settings.label_column if labelled else None, fmt=fmt,
+                      header=settings.header, regression=regression)
+
+
 def _record(example: TextExample) -> dict:
     record = {"guid": example.guid, "text_a": example.text_a}
     if example.text_b is not None:
@@ -276,15 +300,12 @@ class Classification(Task):
     regression = False
     packable = True
 
+    @classmethod
+    def own_settings(cls) -> dict:
+        return table_settings()
+
     def read(self, path: str, labelled: bool) -> list[TextExample]:
-        s = self.settings
-        fmt = s.format or FORMATS.get(os.path.splitext(path)[1].lower())
-        if fmt not in ("tsv", "csv", "jsonl"):
-            raise ValueError(f"{path}: task.type {self.name} reads tsv, csv or jsonl files; set "
-                             f"task.format to one of them" + (f", not {fmt}" if fmt else ""))
-        columns = [c if s.header or not str(c).isdigit() else int(c) for c in s.text_columns]
-        return read_table(path, columns, s.label_column if labelled else None, fmt=fmt,
-                          header=s.header, regression=self.regression)
+        return read_task_table(self.settings, self.name, path, labelled, self.regression)
 
     def read_tfds(self, name: str, split: str, data_dir: str | None) -> list:
         return read_tfds(name, split, data_dir)

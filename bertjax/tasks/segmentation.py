@@ -22,7 +22,8 @@ from bertjax import files
 from bertjax.tasks import tag_schemes
 from bertjax.tasks.base import register
 from bertjax.tasks.features import LabelVocab
-from bertjax.tasks.tagging import TaggedSentence, Tagging, read_conll
+from bertjax.tasks.tagging import (SegmentationTags, TaggedSentence, Tagging, read_conll,
+                                    tag_vocab)
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +78,11 @@ class Segmentation(Tagging):
     higher_is_better = ("f1", "precision", "recall", "token_accuracy", "oov_recall")
 
     def __init__(self, settings):
-        if settings.scheme not in ("", "segmentation"):
+        if settings.scheme not in (None, "segmentation"):
             raise ValueError(f"task.scheme {settings.scheme!r}: task.type segmentation tags "
-                             f"segmentation only (leave task.scheme empty)")
+                             f"segmentation only (leave task.scheme unset)")
         super().__init__(settings)
-
-    @property
-    def kind(self) -> str:
-        return "segmentation"
+        self.tags = SegmentationTags()
 
     def read(self, path: str, labelled: bool) -> list[TaggedSentence]:
         s = self.settings
@@ -98,5 +96,5 @@ class Segmentation(Tagging):
         return read_segmented(path, labelled)
 
     def label_vocab(self, train_examples: list) -> LabelVocab:
-        self.settings.scheme = "segmentation"
-        return super().label_vocab(train_examples)
+        self.tags.learn(train_examples)
+        return tag_vocab(train_examples)

@@ -25,8 +25,8 @@ import numpy as np
 
 from bertjax.models import decoding
 from bertjax.models.seq2seq import Bert2Bert, UniLM
-from bertjax.tasks.base import INPUTS, TaskSet, register
-from bertjax.tasks.classify import Classification, TextExample, tfds_rows
+from bertjax.tasks.base import INPUTS, Task, TaskSet, register
+from bertjax.tasks.classify import TextExample, read_task_table, table_settings, tfds_rows
 from bertjax.tasks.features import Features, Packer, stack
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,9 @@ def _check_same_shapes(stored, expected) -> None:
 
 
 @register
-class Seq2Seq(Classification):
-    """Reads its files as a one-column classification task does, the target as the label."""
+class Seq2Seq(Task):
+    """Reads its files as tables (classify.read_task_table), one text column for the source
+    and the label column for the target."""
 
     name = "seq2seq"
     command = "generate"
@@ -102,6 +103,30 @@ class Seq2Seq(Classification):
     # The tokenizer of the features, bound by `featurize`: decoding needs its [CLS], [SEP]
     # and [PAD] ids and evaluation its detokenizer.
     tokenizer = None
+
+    @classmethod
+    def own_settings(cls) -> dict:
+        return {
+            **table_settings(),
+            # Decoder positions ([CLS] target [SEP]; longer targets are an error, and
+            # generation stops there).
+            "max_target_length": 64,
+            # Beam search (1: greedy); length_penalty divides a finished hypothesis'
+            # log-probability by its length to this power; early_stopping stops a sentence's
+            # search at num_beams finished hypotheses.
+            "num_beams": 4,
+            "length_penalty": 1.0,
+            "early_stopping": False,
+            "label_smoothing": 0.0,  # of the teacher-forced loss
+            # The decoder runs the encoder's embeddings and layers (one set of weights, as
+            # transformers' tie_encoder_decoder); only cross-attention and the LM head are
+            # its own.
+            "tie_encoder_decoder": False,
+            # The decoder starts as a copy of the checkpoint's encoder (and its masked-LM
+            # head), as Rothe et al. (2020) warm-start BERT2BERT; False starts it fresh
+            # (their BERT2Rnd, the baseline warm-starting is measured against).
+            "warm_start_decoder": True,
+        }
 
     def __init__(self, settings):
         super().__init__(settings)
@@ -133,8 +158,8 @@ class Seq2Seq(Classification):
                                         label=row[target_key].decode("utf-8")))
         return examples
 
-    def label_vocab(self, train_examples: list) -> None:
-        return None
+    def read(self, path: str, labelled: bool) -> list[TextExample]:
+        return read_task_table(self.settings, self.name, path, labelled)
 
     def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
         s = self.settings
@@ -261,6 +286,12 @@ class OneStackSeq2Seq(Seq2Seq):
                             "task.max_target_length positions), beyond the source's lengths "
                             "that train.bucket_lengths names")
     saved_settings = Seq2Seq.saved_settings + ("warm_start_decoder", "target_mask_rate")
+
+    @classmethod
+    def own_settings(cls) -> dict:
+        # The share of target tokens masked (and predicted) in each training step; UniLM
+        # fine-tuned with 0.7.
+        return {**super().own_settings(), "target_mask_rate": 0.7}
 
     def __init__(self, settings):
         super().__init__(settings)

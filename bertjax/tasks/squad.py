@@ -29,6 +29,19 @@ class Squad(Task):
     no_bucketing_because = ("its span softmax runs over every position, padding included, as "
                             "the original's does, so cutting them would change the loss")
 
+    @classmethod
+    def own_settings(cls) -> dict:
+        return {
+            # Windows over contexts longer than a row start doc_stride tokens apart; then the
+            # answer search (see bertjax/tasks/spans.py).
+            "doc_stride": 128,
+            "max_query_length": 64,
+            "n_best": 20,
+            "max_answer_length": 30,
+            "version_2": False,  # SQuAD 2.0: questions may have no answer
+            "null_threshold": 0.0,  # v2.0: no answer when null score - best span > this
+        }
+
     def read(self, path: str, labelled: bool) -> list[SquadExample]:
         if self.settings.format and self.settings.format != "squad":
             raise ValueError(f"{path}: task.type squad reads squad files, not "

@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from ml_collections.config_dict import placeholder
 
 from bertjax import files
 from bertjax.models.heads import BertForTokenClassification
@@ -242,11 +243,123 @@ def word_predictions(features: Features, predicted_NL: np.ndarray,
     return out
 
 
+class TagKind:
+    """What one kind of tags (`task.scheme`) makes of the model's outputs: what evaluation
+    fetches, the predicted tags of a sentence's words, the scores, the prediction records and
+    how `predict` prints them. Entity tags are the base: argmax tags scored as spans."""
+
+    name = "entity"
+    best_metric = "f1"
+
+    def fetch(self, logits_BLC):
+        return jnp.argmax(logits_BLC, axis=-1).astype(jnp.int32)
+
+    def words_of(self, text: str) -> list[str]:
+        return words_of(text)
+
+    def learn(self, train_examples: list) -> None:
+        """What the kind keeps of the training set (segmentation: its words)."""
+
+    def predicted_tags(self, outputs_W, labels: Sequence[str]) -> list[str | None]:
+        return [labels[i] if i >= 0 else None for i in outputs_W]
+
+    def scores(self, gold, predicted, examples) -> dict:
+        # The span decoders read a missing prediction as outside any entity.
+        entity = metrics.entity_scores(gold, [[p or "O" for p in ps] for ps in predicted])
+        return {**{k: entity[k] for k in ("precision", "recall", "f1")},
+                "token_accuracy": _token_accuracy(gold, predicted)}
+
+    def record(self, sentence: TaggedSentence, tags: list) -> dict:
+        record = {"guid": sentence.guid, "words": sentence.words}
+        if sentence.tags is not None:
+            record["tags"] = sentence.tags
+        record["predictions"] = tags
+        return record
+
+    def format(self, record: dict) -> str:
+        words, tags = record["words"], record["predictions"]
+        out, entities = [], {first: (kind, last) for kind, first, last
+                             in tagging.entities([t or "O" for t in tags])}
+        i = 0
+        while i < len(words):
+            if i in entities:
+                kind, last = entities[i]
+                out.append(f"[{' '.join(words[i:last + 1])}]{kind}")
+                i = last + 1
+            else:
+                out.append(words[i])
+                i += 1
+        return " ".join(out)
+
+
+class PlainTags(TagKind):
+    """Classes of their own (part of speech): token accuracy with per-tag P/R/F1."""
+
+    name = "plain"
+    best_metric = "token_accuracy"
+
+    def scores(self, gold, predicted, examples) -> dict:
+        return metrics.tag_scores(gold, predicted)
+
+    def format(self, record: dict) -> str:
+        return " ".join(f"{w}/{t}" for w, t in zip(record["words"], record["predictions"]))
+
+
+class SegmentationTags(TagKind):
+    """Character tags marking words (BMES/BIES): decoded a whole sentence at a time by
+    Viterbi over well-formed tag sequences, scored as words (out-of-vocabulary recall against
+    the training set's words)."""
+
+    name = "segmentation"
+
+    def __init__(self):
+        self.known_words: set[str] | None = None
+
+    def fetch(self, logits_BLC):
+        return jax.nn.log_softmax(logits_BLC.astype(jnp.float32), axis=-1)
+
+    def words_of(self, text: str) -> list[str]:
+        return characters_of(text)
+
+    def learn(self, train_examples: list) -> None:
+        self.known_words = {w for s in train_examples for w in segmented_words(s.words, s.tags)}
+
+    def predicted_tags(self, outputs_WC, labels: Sequence[str]) -> list[str | None]:
+        return _segmentation(outputs_WC, labels)
+
+    def scores(self, gold, predicted, examples) -> dict:
+        # A character without a prediction is read as a word of its own.
+        scores = metrics.word_scores(gold, [[p or "S" for p in ps] for ps in predicted],
+                                     self.known_words, [s.words for s in examples])
+        return {**scores, "token_accuracy": _token_accuracy(gold, predicted)}
+
+    def record(self, sentence: TaggedSentence, tags: list) -> dict:
+        record = {"guid": sentence.guid, "text": "".join(sentence.words)}
+        if sentence.tags is not None:
+            record["words"] = segmented_words(sentence.words, sentence.tags)
+        record["predictions"] = segmented_words(sentence.words, [t or "S" for t in tags])
+        record["predicted_tags"] = tags
+        return record
+
+    def format(self, record: dict) -> str:
+        return " ".join(record["predictions"])
+
+
+TAG_KINDS = {kind.name: kind for kind in (TagKind, PlainTags, SegmentationTags)}
+assert tuple(TAG_KINDS) == tagging.KINDS
+
+
+def _token_accuracy(gold, predicted) -> float:
+    correct = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs))
+    return correct / sum(len(g) for g in gold)
+
+
 @register
 class Tagging(Task):
-    """Tags words of CoNLL files; what the tags are (task.scheme) decides the metrics and
-    how predictions print: entity-level P/R/F1 (entity), token accuracy with per-tag P/R/F1
-    (plain), word-level P/R/F1 of the segmentation the character tags mark (segmentation)."""
+    """Tags words of CoNLL files; what the tags are (task.scheme, a TagKind) decides the
+    metrics and how predictions print: entity-level P/R/F1 (entity), token accuracy with
+    per-tag P/R/F1 (plain), word-level P/R/F1 of the segmentation the character tags mark
+    (segmentation)."""
 
     name = "tagging"
     command = "tag"
@@ -256,46 +369,62 @@ class Tagging(Task):
     packable = True
     saved_settings = ("max_seq_length", "doc_stride", "tag_scheme", "scheme")
 
+    @classmethod
+    def own_settings(cls) -> dict:
+        return {
+            # What the tags are: entity (BIO/BIOES spans: NER, chunks) | plain (classes: part
+            # of speech) | segmentation (BMES/BIES character tags: Chinese word segmentation);
+            # None detects it from the training file.
+            "scheme": placeholder(str),
+            "tag_scheme": placeholder(str),  # entity tags: BIO | BIOES; None detects it
+            "strict_tags": False,  # a tag breaking the scheme is an error, not a repair
+            # Windows over sentences longer than a row start doc_stride tokens apart.
+            "doc_stride": 128,
+        }
+
     def __init__(self, settings):
         super().__init__(settings)
-        if settings.scheme not in ("", *tagging.KINDS):
+        if settings.scheme is not None and settings.scheme not in TAG_KINDS:
             raise ValueError(f"task.scheme {settings.scheme!r}: expected one of "
-                             f"{', '.join(tagging.KINDS)} ('' detects it from the tags)")
-        self.known_words: set[str] | None = None  # segmentation: the training set's words
+                             f"{', '.join(TAG_KINDS)} (unset: detected from the tags)")
+        if settings.tag_scheme is not None and settings.tag_scheme not in tagging.SCHEMES:
+            raise ValueError(f"task.tag_scheme {settings.tag_scheme!r}: expected one of "
+                             f"{', '.join(tagging.SCHEMES)} (unset: detected from the tags)")
+        # Configured, or detected from the training set once it is read (models exported
+        # before there were kinds tag entities).
+        self.tags: TagKind = TAG_KINDS[settings.scheme or "entity"]()
 
     @property
     def kind(self) -> str:
-        """The tags' kind: configured, or detected from the training set once it is read
-        (models exported before there were kinds tag entities)."""
-        return self.settings.scheme or "entity"
+        return self.tags.name
 
     @property
     def best_metric(self) -> str:
-        return "token_accuracy" if self.kind == "plain" else "f1"
+        return self.tags.best_metric
 
     def read(self, path: str, labelled: bool) -> list[TaggedSentence]:
         s = self.settings
         if s.format and s.format != "conll":
             raise ValueError(f"{path}: task.type {self.name} reads conll files, not {s.format}")
-        return read_conll(path, scheme=s.tag_scheme or None, labelled=labelled,
-                          strict=s.strict_tags, kind=s.scheme or None)
+        return read_conll(path, scheme=s.tag_scheme, labelled=labelled, strict=s.strict_tags,
+                          kind=s.scheme)
 
     def label_vocab(self, train_examples: list) -> LabelVocab:
-        self.settings.scheme = self.settings.scheme or tagging.detect_kind(
-            t for s in train_examples for t in s.tags)
-        if self.kind == "segmentation":
-            self.known_words = {w for s in train_examples for w in segmented_words(s.words,
-                                                                                   s.tags)}
+        if self.settings.scheme is None:
+            self.tags = TAG_KINDS[tagging.detect_kind(t for s in train_examples
+                                                      for t in s.tags)]()
+        self.tags.learn(train_examples)
         return tag_vocab(train_examples)
+
+    def saved(self) -> dict:
+        return {**super().saved(), "scheme": self.kind}
 
     def featurize(self, examples, tokenizer, labels, training: bool = False) -> Features:
         return tagging_features(examples, tokenizer, self.settings.max_seq_length, labels,
                                 self.settings.doc_stride)
 
     def examples_from_texts(self, texts, context: str = "") -> list[TaggedSentence]:
-        if self.kind == "segmentation":
-            return [TaggedSentence(f"text{i}", characters_of(t)) for i, t in enumerate(texts)]
-        return [TaggedSentence(f"text{i}", words_of(t)) for i, t in enumerate(texts)]
+        return [TaggedSentence(f"text{i}", self.tags.words_of(t)) for i, t in enumerate(texts)]
 
     def model(self, config, labels: LabelVocab):
         return BertForTokenClassification(config, len(labels))
@@ -310,75 +439,27 @@ class Tagging(Task):
         return jnp.sum(jnp.where(labels_BL >= 0, ce_BL, 0.0))
 
     def fetch(self, logits_BLC):
-        if self.kind == "segmentation":  # decoded whole sentences at a time, see evaluate
-            return jax.nn.log_softmax(logits_BLC.astype(jnp.float32), axis=-1)
-        return jnp.argmax(logits_BLC, axis=-1).astype(jnp.int32)
+        return self.tags.fetch(logits_BLC)
 
     def evaluate(self, taskset: TaskSet, outputs, labels: LabelVocab):
         words = word_predictions(taskset.features, outputs, taskset.examples)
         # A word without a prediction (none: windows cover every word) would count as wrong.
-        if self.kind == "segmentation":
-            predicted = [_segmentation(w, labels.labels) for w in words]
-        else:
-            predicted = [[labels.labels[i] if i >= 0 else None for i in w] for w in words]
+        predicted = [self.tags.predicted_tags(w, labels.labels) for w in words]
         unscored = sum(p is None for ps in predicted for p in ps)
         if unscored:
             log.warning("%s: %d words have no prediction; they count as errors", taskset.name,
                         unscored)
         scores = {}
         if taskset.labelled:
-            scores = self._scores([s.tags for s in taskset.examples], predicted,
-                                  taskset.examples)
+            scores = self.tags.scores([s.tags for s in taskset.examples], predicted,
+                                      taskset.examples)
             if self.kind != "entity":
                 scores["unscored_words"] = unscored
-        return scores, [self._record(s, tags) for s, tags in zip(taskset.examples, predicted)]
-
-    def _scores(self, gold, predicted, examples) -> dict:
-        if self.kind == "plain":
-            return metrics.tag_scores(gold, predicted)
-        # The span decoders read a missing prediction as outside any entity, a word of its own.
-        if self.kind == "segmentation":
-            scores = metrics.word_scores(gold, [[p or "S" for p in ps] for ps in predicted],
-                                         self.known_words, [s.words for s in examples])
-        else:
-            entity = metrics.entity_scores(gold, [[p or "O" for p in ps] for ps in predicted])
-            scores = {k: entity[k] for k in ("precision", "recall", "f1")}
-        correct = sum(p == g for ps, gs in zip(predicted, gold) for p, g in zip(ps, gs))
-        scores["token_accuracy"] = correct / sum(len(g) for g in gold)
-        return scores
-
-    def _record(self, sentence: TaggedSentence, tags: list) -> dict:
-        if self.kind == "segmentation":
-            record = {"guid": sentence.guid, "text": "".join(sentence.words)}
-            if sentence.tags is not None:
-                record["words"] = segmented_words(sentence.words, sentence.tags)
-            record["predictions"] = segmented_words(sentence.words, [t or "S" for t in tags])
-            record["predicted_tags"] = tags
-            return record
-        record = {"guid": sentence.guid, "words": sentence.words}
-        if sentence.tags is not None:
-            record["tags"] = sentence.tags
-        record["predictions"] = tags
-        return record
+        return scores, [self.tags.record(s, tags) for s, tags in zip(taskset.examples,
+                                                                       predicted)]
 
     def format_record(self, record: dict) -> str:
-        if self.kind == "segmentation":
-            return " ".join(record["predictions"])
-        words, tags = record["words"], record["predictions"]
-        if self.kind == "plain":
-            return " ".join(f"{w}/{t}" for w, t in zip(words, tags))
-        out, entities = [], {first: (kind, last) for kind, first, last
-                             in tagging.entities([t or "O" for t in tags])}
-        i = 0
-        while i < len(words):
-            if i in entities:
-                kind, last = entities[i]
-                out.append(f"[{' '.join(words[i:last + 1])}]{kind}")
-                i = last + 1
-            else:
-                out.append(words[i])
-                i += 1
-        return " ".join(out)
+        return self.tags.format(record)
 
 
 def _segmentation(log_probs_WC: np.ndarray, labels: Sequence[str]) -> list[str | None]:

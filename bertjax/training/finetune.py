@@ -35,28 +35,11 @@ from bertjax.tasks import base as tasks
 from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
-from bertjax.training.pretrain import compute_dtype
 from bertjax.training.trainer import Objective, Trainer, batched_outputs
 from bertjax.training.trainer import with_shardings
 
 RESULTS_FILE = "eval_results.json"
 PREDICTIONS_DIR = "predictions"
-
-
-def task_model_config(base: BertConfig, model: Any, platform: str | None = None) -> BertConfig:
-    """The checkpoint's architecture with the fine-tuning run's dropout, dtype and depth;
-    `platform` is where it runs (see compute_dtype)."""
-    layers = model.keep_layers or base.num_hidden_layers
-    if not 0 < layers <= base.num_hidden_layers:
-        raise ValueError(f"model.keep_layers {model.keep_layers}: the checkpoint has "
-                         f"{base.num_hidden_layers} layers")
-    return dataclasses.replace(
-        base, num_hidden_layers=layers, hidden_dropout_prob=model.hidden_dropout_prob,
-        attention_probs_dropout_prob=model.attention_probs_dropout_prob, remat=model.remat,
-        remat_policy=model.remat_policy, scan_layers=model.scan_layers,
-        dropout_mask_bits=model.dropout_mask_bits,
-        sparse_last_layer=model.sparse_last_layer, attention=model.attention,
-        dtype=compute_dtype(model.dtype, platform))
 
 
 def load_encoder(source: checkpoints.ModelSource, layers: int, mesh, rules) -> dict:
@@ -191,7 +174,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
     """
     task = finetune_config.validate(config)
     source = checkpoints.open_model(config.init_checkpoint, config.task.tokenizer)
-    cfg = task_model_config(source.config, config.model)
+    cfg = BertConfig.from_config(config.model, source.config)
     if config.task.max_seq_length > cfg.max_position_embeddings:
         raise ValueError(f"task.max_seq_length {config.task.max_seq_length} exceeds the "
                          f"model's max_position_embeddings {cfg.max_position_embeddings}")
@@ -268,7 +251,7 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
             log, eval_due=epoch_end, save_due=epoch_end,
             evaluate=lambda at: evaluate(at, data.evals),
             host_state=lambda: {"history": history, "window": log.window},
-            profile_steps=tuple(train_cfg.profile_steps))
+            profile_steps=train_cfg.profile_steps)
         if trainer.resumed_from == total:  # the run had already finished: report it again
             evaluate(step, data.evals)
         results = best_and_final(history, best_metric)

@@ -107,6 +107,9 @@ class TaskPredictor:
                            fmt: str = "") -> list:
         """A file laid out like the training data, without labels: TSV/CSV/JSONL with the
         text columns, a CoNLL file (tags ignored), SQuAD JSON."""
-        self.task.settings.format = fmt
-        self.task.settings.text_columns = tuple(text_columns)
-        return self.task.read(path, labelled=False)
+        settings = self.task.settings.copy_and_resolve_references()
+        settings.format = fmt or None
+        if "text_columns" in settings:  # the tasks that read tables
+            settings.text_columns = tuple(text_columns)
+        reader = type(self.task)(settings)
+        return reader.read(path, labelled=False)

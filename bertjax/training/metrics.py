@@ -107,11 +107,11 @@ def measure_matmul_flops(size: int = 2048, repeats: int = 5, dtype=jnp.float32) 
     return 2.0 * size**3 / best
 
 
-def peak_flops(devices, per_device: float = 0.0) -> float:
+def peak_flops(devices, per_device: float | None = None) -> float:
     """Peak FLOP/s of the run's devices: `per_device` if given, else the table, else (CPU,
     unknown devices) a measured matmul, counted once per host since host devices share the
     same cores."""
-    if per_device > 0:
+    if per_device is not None:
         return per_device * len(devices)
     table = table_peak_flops(devices[0].device_kind)
     if table:

@@ -86,8 +86,8 @@ def scale_by_bert_adam(b1: float, b2: float, eps: float) -> optax.GradientTransf
 
 
 def make_optimizer(name: str, schedule: optax.Schedule, *, b1: float, b2: float, eps: float,
-                   weight_decay: float, clip_norm: float) -> optax.GradientTransformation:
-    """The named optimizer after global-norm clipping (`clip_norm` 0 disables clipping)."""
+                   weight_decay: float, clip_norm: float | None) -> optax.GradientTransformation:
+    """The named optimizer after global-norm clipping (`clip_norm` None: no clipping)."""
     if name == "bert_adamw":
         core = optax.chain(scale_by_bert_adam(b1, b2, eps),
                            optax.add_decayed_weights(weight_decay, decay_mask),
@@ -103,7 +103,7 @@ def make_optimizer(name: str, schedule: optax.Schedule, *, b1: float, b2: float,
                            optax.scale_by_learning_rate(schedule))
     else:
         raise ValueError(f"optimizer.name {name!r}: expected one of {', '.join(OPTIMIZERS)}")
-    if clip_norm > 0:
+    if clip_norm is not None:
         return optax.chain(optax.clip_by_global_norm(clip_norm), core)
     return core
 

@@ -262,12 +262,13 @@ class Program:
 
 
 def pretraining_program(config: Any, mesh: jax.sharding.Mesh, hosts: int) -> Program:
+    from bertjax.models.bert import BertConfig
     from bertjax.training import pretrain, pretrain_config
     from bertjax.training.trainer import Steps
 
     pretrain_config.validate(config)
     vocab_size, note = _vocabulary_size(config)
-    cfg = pretrain.model_config(config.model, vocab_size, platform="tpu")
+    cfg = BertConfig.from_config(config.model, vocab_size=vocab_size, platform="tpu")
     steps = Steps(**pretrain.steps_args(config, cfg, mesh), process_count=hosts)
     batch = pretrain.batch_spec(config)
     return Program(steps, batch, batch if pretrain.evaluates(config) else None, cfg.dtype,
@@ -299,13 +300,14 @@ def _vocabulary_size(config: Any) -> tuple[int, str]:
 
 def finetuning_program(config: Any, mesh: jax.sharding.Mesh, hosts: int) -> Program:
     from bertjax.data.tokenizers import load_tokenizer
+    from bertjax.models.bert import BertConfig
     from bertjax.tasks import base as tasks
     from bertjax.training import checkpoints, finetune, finetune_config
     from bertjax.training.trainer import Steps
 
     task = finetune_config.validate(config)
     source = checkpoints.open_model(config.init_checkpoint, config.task.tokenizer)
-    cfg = finetune.task_model_config(source.config, config.model, platform="tpu")
+    cfg = BertConfig.from_config(config.model, source.config, platform="tpu")
     examples = task.read_training()
     labels = task.label_vocab(examples)
     # A few examples give every array's row shape; the plan's batches are abstract.

@@ -27,15 +27,6 @@ from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pr
 from bertjax.training import sharding
 from bertjax.training.trainer import Objective, Trainer
 
-def compute_dtype(name: str, platform: str | None = None):
-    """The model's compute dtype on `platform` (default: this process's backend): `auto` is
-    bfloat16 on accelerators, float32 on CPUs."""
-    if name == "auto":
-        platform = platform or jax.default_backend()
-        name = "bfloat16" if platform in ("gpu", "tpu") else "float32"
-    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
-
-
 RUN_CONFIG = "run_config.json"  # the run's full config, written when it starts
 _MLM_EPS = 1e-5  # the original adds it to the weight total
 
@@ -53,25 +44,6 @@ class PretrainingData:
     train: Callable[[dict | None], Iterator[dict[str, np.ndarray]]]
     eval: Callable[[], Iterable[dict[str, np.ndarray]]] | None = None
     tokenizer: Any = None  # saved with the exported model
-
-
-def model_config(model: Any, vocab_size: int, platform: str | None = None) -> BertConfig:
-    """The BertConfig of `config.model`; `vocab_size` is the tokenizer's, `platform` where
-    it runs (see compute_dtype)."""
-    if model.vocab_size is not None and model.vocab_size < vocab_size:
-        raise ValueError(f"model.vocab_size {model.vocab_size} is smaller than the tokenizer's "
-                         f"vocabulary ({vocab_size})")
-    return BertConfig(
-        vocab_size=model.vocab_size or vocab_size, num_hidden_layers=model.num_hidden_layers,
-        hidden_size=model.hidden_size, num_attention_heads=model.num_attention_heads,
-        intermediate_size=model.intermediate_size, hidden_act=model.hidden_act,
-        max_position_embeddings=model.max_position_embeddings,
-        hidden_dropout_prob=model.hidden_dropout_prob,
-        attention_probs_dropout_prob=model.attention_probs_dropout_prob,
-        pre_layer_norm=model.pre_layer_norm, remat=model.remat, remat_policy=model.remat_policy,
-        scan_layers=model.scan_layers, dropout_mask_bits=model.dropout_mask_bits,
-        sparse_last_layer=model.sparse_last_layer, attention=model.attention,
-        dtype=compute_dtype(model.dtype, platform))
 
 
 def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
@@ -182,7 +154,7 @@ def steps_args(config: Any, cfg: BertConfig, mesh: jax.sharding.Mesh) -> dict[st
 
 def evaluates(config: Any) -> bool:
     """Whether the run evaluates on held-out batches as it trains."""
-    return bool(config.train.eval_every and config.train.eval_batches)
+    return config.train.evaluate
 
 
 def _gather_positions(position: dict) -> list[dict]:
@@ -223,7 +195,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
         data.eval()  # built now, so an empty held-out split fails here, not hours later
     if jax.process_index() == 0:
         files.makedirs(workdir)
-    cfg = model_config(config.model, data.vocab_size)
+    cfg = BertConfig.from_config(config.model, vocab_size=data.vocab_size)
     seq_len, predictions = config.data.max_seq_length, config.data.max_predictions_per_seq
     mesh = sharding.make_mesh(config.mesh.shape, devices)
     trainer = Trainer(workdir=workdir, keep_checkpoints=train_cfg.keep_checkpoints,
@@ -276,7 +248,7 @@ def train(config: Any, workdir: str, data: PretrainingData,
             save_due=lambda s: s % train_cfg.checkpoint_every == 0, evaluate=evaluate,
             host_state=lambda: {"data_positions": _gather_positions(iterator.position()),
                                 "window": log.window, "process_count": jax.process_count()},
-            profile_steps=tuple(train_cfg.profile_steps))
+            profile_steps=train_cfg.profile_steps)
     finally:
         log.close()
     if not preempted and step == train_cfg.num_steps:
@@ -291,7 +263,7 @@ def input_data(config: Any) -> PretrainingData:
 
     data = config.data
     if not data.shard_dir:
-        raise ValueError("config.data.shard_dir is empty: set it to the output of "
+        raise ValueError("config.data.shard_dir is not set: set it to the output of "
                          "`python -m bertjax.prepare` (--config.data.shard_dir=DIR)")
     from bertjax.data import shards
     shards.read_manifest(data.shard_dir)  # a clear error for a missing or unfinished corpus

@@ -298,12 +298,12 @@ class Trainer(Steps):
     def fit(self, total: int, batches: Iterator[dict], log: metrics_lib.TrainingLog, *,
             eval_due: Callable[[int], bool], save_due: Callable[[int], bool],
             evaluate: Callable[[int], None], host_state: Callable[[], dict],
-            profile_steps: tuple[int, int] = (0, 0)) -> tuple[int, bool]:
+            profile_steps: tuple[int, int] | None = None) -> tuple[int, bool]:
         """Trains to step `total` on `batches` (this process's rows), evaluating and saving
         after the steps `eval_due` and `save_due` name, and saving at the end and on SIGTERM;
         returns (step reached, preempted). `host_state()` is what a checkpoint keeps of the
         client (JSON). Steps [profile_steps[0], profile_steps[1]) are traced with the JAX
-        profiler into WORKDIR/profile.
+        profiler into WORKDIR/profile (None: no trace).
 
         A checkpoint never holds a diverged state: the step's metrics are checked before
         every save. On SIGTERM the step is saved and the loop stops.
@@ -314,6 +314,7 @@ class Trainer(Steps):
             log.console.print(f"resumed from step {self.resumed_from} "
                               f"({self.checkpoints.directory})")
         first, tracing = step, False
+        profile_steps = profile_steps or (-1, -1)
         started = time.perf_counter()
         try:
             while step < total:

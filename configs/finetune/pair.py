@@ -20,8 +20,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "classification"
+    config = finetune_config.defaults("classification")
     config.task.text_columns = ("sentence1", "sentence2")
     config.task.label_column = "label"
     config.task.max_seq_length = 128

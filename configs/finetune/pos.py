@@ -17,8 +17,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "tagging"
+    config = finetune_config.defaults("tagging")
     config.task.scheme = "plain"
     config.task.best_metric = "token_accuracy"
     config.task.max_seq_length = 128

@@ -21,8 +21,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "segmentation"
+    config = finetune_config.defaults("segmentation")
     config.task.max_seq_length = 128
     config.task.doc_stride = 64
     return config

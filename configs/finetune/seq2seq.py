@@ -26,8 +26,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "seq2seq"
+    config = finetune_config.defaults("seq2seq")
     config.task.text_columns = ("source",)
     config.task.label_column = "target"
     config.task.max_seq_length = 128

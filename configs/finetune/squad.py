@@ -17,8 +17,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "squad"
+    config = finetune_config.defaults("squad")
     config.task.max_seq_length = 384
     config.task.doc_stride = 128
     config.task.max_query_length = 64

@@ -19,8 +19,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "tagging"
+    config = finetune_config.defaults("tagging")
     config.task.max_seq_length = 128
     config.task.doc_stride = 64
     return config

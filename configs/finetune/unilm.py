@@ -23,8 +23,7 @@ from bertjax.training import finetune_config
 
 
 def get_config():
-    config = finetune_config.defaults()
-    config.task.type = "unilm"
+    config = finetune_config.defaults("unilm")
     config.task.text_columns = ("source",)
     config.task.label_column = "target"
     config.task.max_seq_length = 128
