@@ -39,8 +39,7 @@ PRETRAIN_ARGS = [
     "--config.quiet=true",
 ]
 FINETUNE_ARGS = [
-    "--config.task.max_seq_length=24", "--config.task.doc_stride=12",
-    "--config.task.max_query_length=8", "--config.train.global_batch_size=16",
+    "--config.task.max_seq_length=24", "--config.train.global_batch_size=16",
     "--config.train.eval_batch_size=16", "--config.train.num_epochs=2",
     "--config.train.log_every=1", "--config.optimizer.learning_rate=1e-3",
     "--config.model.dropout_mask_bits=32",  # the figures predate 16-bit masks
@@ -51,8 +50,9 @@ FINETUNE_ARGS = [
 FINETUNE_RUNS = {
     "classification": ("configs/finetune/classify.py", []),
     "regression": ("configs/finetune/pair.py", ["--config.task.type=regression"]),
-    "tagging": ("configs/finetune/tag.py", []),
-    "squad": ("configs/finetune/squad.py", []),
+    "tagging": ("configs/finetune/tag.py", ["--config.task.doc_stride=12"]),
+    "squad": ("configs/finetune/squad.py", ["--config.task.doc_stride=12",
+                                            "--config.task.max_query_length=8"]),
 }
 
 

@@ -316,7 +316,7 @@ def test_batch_container_image_path_and_gpu_flags():
      "config.init_checkpoint is not set"),
     (BATCH, "--config", ["--config=configs/finetune/classify.py", "--",
                          "--config.init_checkpoint=gs://b/model"],
-     "task.train_file and task.tfds_name are both empty"),
+     "task.train_file and task.tfds_name are both unset"),
 ])
 def test_bad_input_fails_with_one_clear_line_and_runs_nothing(script, drop, extra, expected):
     base = TPU_ARGS if script == TPU else BATCH_ARGS

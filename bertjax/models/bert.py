@@ -126,12 +126,12 @@ class BertConfig:
         """
         if base is None:
             if model.vocab_size is not None and model.vocab_size < vocab_size:
-                raise ValueError(f"vocab_size {model.vocab_size} is smaller than the "
+                raise ValueError(f"model.vocab_size {model.vocab_size} is smaller than the "
                                  f"tokenizer's vocabulary ({vocab_size})")
             base = cls.from_dict({**model, "vocab_size": model.vocab_size or vocab_size})
         elif model.keep_layers is not None:
             if not 0 < model.keep_layers <= base.num_hidden_layers:
-                raise ValueError(f"keep_layers {model.keep_layers}: the checkpoint has "
+                raise ValueError(f"model.keep_layers {model.keep_layers}: the checkpoint has "
                                  f"{base.num_hidden_layers} layers")
             base = dataclasses.replace(base, num_hidden_layers=model.keep_layers)
         return dataclasses.replace(base, **{k: model[k] for k in cls.RUN_OPTIONS},

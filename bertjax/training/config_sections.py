@@ -128,8 +128,8 @@ def check_model(model: ml_collections.ConfigDict) -> None:
         # Any platform: only the values are checked (no backend is started).
         BertConfig.from_config(model, None if pretraining else BertConfig(), vocab_size=1,
                                platform="cpu")
-    except ValueError as e:  # BertConfig's messages start with the field's name
-        raise ValueError(f"model.{e}") from None
+    except ValueError as e:  # BertConfig's own checks name the field, not the config key
+        raise ValueError(str(e) if str(e).startswith("model.") else f"model.{e}") from None
 
 
 def check_optimizer(optimizer: ml_collections.ConfigDict) -> None:
