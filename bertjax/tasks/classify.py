@@ -8,12 +8,8 @@ numbered when a file has no header); or a prepared TFDS GLUE dataset by name.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import json
 import logging
-import os
 from typing import Sequence
 
 import jax
@@ -21,17 +17,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import files
 from bertjax.models.heads import BertForSequenceClassification
-from bertjax.tasks import metrics
+from bertjax.tasks import metrics, tables
 from bertjax.tasks.base import Task, TaskSet, example_sum, register
 from bertjax.tasks.features import Features, LabelVocab, Packer, stack
 
 log = logging.getLogger(__name__)
 
-FORMATS = {".tsv": "tsv", ".txt": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
-
-Column = str | int
 
 
 @dataclasses.dataclass
@@ -42,7 +34,8 @@ class TextExample:
     label: str | float | None = None  # class name, or the score of a regression task
 
 
-def read_table(path: str, text_columns: Sequence[Column], label_column: Column | None = None,
+def read_table(path: str, text_columns: Sequence[tables.Column],
+               label_column: tables.Column | None = None,
                fmt: str | None = None, header: bool = True,
                regression: bool = False) -> list[TextExample]:
     """Examples from a TSV / CSV / JSONL file: one or two text columns and an optional label.
@@ -54,16 +47,14 @@ def read_table(path: str, text_columns: Sequence[Column], label_column: Column |
     if not 1 <= len(text_columns) <= 2:
         raise ValueError(f"text_columns {list(text_columns)}: expected one or two columns")
     if fmt is None:
-        fmt = FORMATS.get(os.path.splitext(path)[1].lower())
+        fmt = tables.format_of(path)
         if fmt is None:
             raise ValueError(f"{path}: cannot tell the format from the extension; pass fmt as "
                              f"one of tsv, csv, jsonl")
     columns = [*text_columns] + ([label_column] if label_column is not None else [])
-    rows = _json_rows(path, columns) if fmt == "jsonl" else _delimited_rows(path, fmt, columns,
-                                                                              header)
     examples = []
-    for where, values in rows:
-        texts = [_text(values[c], where, c) for c in text_columns]
+    for where, values in tables.rows(path, fmt, columns, header):
+        texts = [tables.text(values[c], where, c) for c in text_columns]
         label = None
         if label_column is not None:
             label = _label(values[label_column], where, label_column, regression)
@@ -73,68 +64,7 @@ def read_table(path: str, text_columns: Sequence[Column], label_column: Column |
     return examples
 
 
-def _delimited_rows(path: str, fmt: str, columns: list[Column], header: bool):
-    if fmt not in ("tsv", "csv"):
-        raise ValueError(f"format {fmt!r}: expected one of tsv, csv, jsonl")
-    name = os.path.basename(path)
-    dialect = dict(delimiter="\t", quoting=csv.QUOTE_NONE) if fmt == "tsv" else {}
-    with io.StringIO(files.read_text(path), newline="") as f:
-        reader = csv.reader(f, **dialect)
-        names = None
-        for row in reader:
-            if not any(field.strip() for field in row):
-                continue
-            if names is None:
-                names = row if header else [str(i) for i in range(len(row))]
-                index = _column_index(path, names, columns, header)
-                if header:
-                    continue
-            if len(row) != len(names):
-                raise ValueError(f"{path}:{reader.line_num}: {len(row)} fields, expected "
-                                 f"{len(names)} ({'as the header' if header else 'as line 1'})")
-            yield f"{name}:{reader.line_num}", {c: row[i] for c, i in index.items()}
-
-
-def _column_index(path: str, names: list[str], columns: list[Column], header: bool) -> dict:
-    index = {}
-    for c in columns:
-        if isinstance(c, int) and 0 <= c < len(names):
-            index[c] = c
-        elif header and c in names:
-            index[c] = names.index(c)
-        else:
-            has = (f"columns {names}" if header
-                   else f"no header, so name columns by position 0..{len(names) - 1}")
-            raise ValueError(f"{path}: no column {c!r}; it has {has}")
-    return index
-
-
-def _json_rows(path: str, columns: list[Column]):
-    name = os.path.basename(path)
-    with io.StringIO(files.read_text(path)) as f:
-        for line_num, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{line_num}: not JSON ({e})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{path}:{line_num}: expected a JSON object per line")
-            missing = [c for c in columns if c not in obj]
-            if missing:
-                raise ValueError(f"{path}:{line_num}: no column {missing[0]!r}; it has "
-                                 f"columns {sorted(obj)}")
-            yield f"{name}:{line_num}", obj
-
-
-def _text(value, where: str, column: Column) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where}: column {column!r} is {value!r}, expected text")
-    return value
-
-
-def _label(value, where: str, column: Column, regression: bool) -> str | float:
+def _label(value, where: str, column: tables.Column, regression: bool) -> str | float:
     if regression:
         try:
             return float(value)
@@ -161,20 +91,6 @@ TFDS_TEXT_TASKS = {
 }
 
 
-def tfds_rows(name: str, split: str, data_dir: str | None):
-    """(builder, numpy rows) of a prepared TFDS dataset; a clear error if it is not there."""
-    import tensorflow_datasets as tfds  # only for users who read TFDS
-
-    builder = tfds.builder(name, data_dir=data_dir)
-    try:
-        dataset = builder.as_dataset(split=split)
-    except AssertionError:
-        raise FileNotFoundError(
-            f"TFDS dataset {name} is not prepared under {builder.data_dir}: build it where "
-            f"there is internet (`tfds build {name}`) and pass its data_dir") from None
-    return builder, tfds.as_numpy(dataset)
-
-
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[TextExample]:
     """TextExamples of a prepared TFDS GLUE dataset.
 
@@ -183,7 +99,7 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[TextEx
     """
     if name not in TFDS_TEXT_TASKS:
         raise ValueError(f"TFDS dataset {name!r}: expected one of {', '.join(TFDS_TEXT_TASKS)}")
-    builder, rows = tfds_rows(name, split, data_dir)
+    builder, rows = tables.tfds_rows(name, split, data_dir)
     text_keys, label_key, regression = TFDS_TEXT_TASKS[name]
     label_names = None if regression else builder.info.features[label_key].names
     examples = []
@@ -197,6 +113,15 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[TextEx
         examples.append(TextExample(f"tfds:{name}/{split}:{i}", texts[0],
                                     texts[1] if len(texts) > 1 else None, label))
     return examples
+
+
+def read_task_table(settings, task_name: str, path: str, labelled: bool,
+                    regression: bool = False) -> list[TextExample]:
+    """Sentence (pair) examples of a table as `tables.settings` describe it."""
+    fmt = tables.task_format(settings, task_name, path)
+    columns = [tables.column(c, settings.header) for c in settings.text_columns]
+    return read_table(path, columns, settings.label_column if labelled else None, fmt=fmt,
+                      header=settings.header, regression=regression)
 
 
 # --- features -------------------------------------------------------------------------------
@@ -256,30 +181,6 @@ def _truncate(a: list[int], b: list[int] | None, max_seq_length: int):
 # --- the tasks ------------------------------------------------------------------------------
 
 
-def table_settings() -> dict:
-    """The `task` keys of tasks that read TSV/CSV/JSONL tables."""
-    return {
-        "header": True,  # TSV/CSV files start with a header line of column names
-        # Column names (or 0-based positions in files without a header): one text column, or
-        # two for sentence pairs.
-        "text_columns": ("sentence",),
-        "label_column": "label",
-    }
-
-
-def read_task_table(settings, task_name: str, path: str, labelled: bool,
-                    regression: bool = False) -> list[TextExample]:
-    """A table as `table_settings` describe it (task.format, or the file's extension)."""
-    fmt = settings.format or FORMATS.get(os.path.splitext(path)[1].lower())
-    if fmt not in ("tsv", "csv", "jsonl"):
-        raise ValueError(f"{path}: task.type {task_name} reads tsv, csv or jsonl files; set "
-                         f"task.format to one of them" + (f", not {fmt}" if fmt else ""))
-    columns = [c if settings.header or not str(c).isdigit() else int(c)
-               for c in settings.text_columns]
-    return read_table(path, columns, settings.label_column if labelled else None, fmt=fmt,
-                      header=settings.header, regression=regression)
-
-
 def _record(example: TextExample) -> dict:
     record = {"guid": example.guid, "text_a": example.text_a}
     if example.text_b is not None:
@@ -302,7 +203,7 @@ class Classification(Task):
 
     @classmethod
     def own_settings(cls) -> dict:
-        return table_settings()
+        return tables.settings()
 
     def read(self, path: str, labelled: bool) -> list[TextExample]:
         return read_task_table(self.settings, self.name, path, labelled, self.regression)

@@ -26,7 +26,9 @@ import numpy as np
 from bertjax.models import decoding
 from bertjax.models.seq2seq import Bert2Bert, UniLM
 from bertjax.tasks.base import INPUTS, Task, TaskSet, register
-from bertjax.tasks.classify import TextExample, read_task_table, table_settings, tfds_rows
+from bertjax.tasks import tables
+from bertjax.tasks.classify import TextExample, read_task_table
+from bertjax.tasks.tables import tfds_rows
 from bertjax.tasks.features import Features, Packer, stack
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ class Seq2Seq(Task):
     @classmethod
     def own_settings(cls) -> dict:
         return {
-            **table_settings(),
+            **tables.settings(),
             # Decoder positions ([CLS] target [SEP]; longer targets are an error, and
             # generation stops there).
             "max_target_length": 64,

@@ -9,7 +9,7 @@ import optax
 from bertjax.models.heads import BertForQuestionAnswering
 from bertjax.tasks import metrics, spans
 from bertjax.tasks.base import Task, TaskSet, register
-from bertjax.tasks.classify import tfds_rows
+from bertjax.tasks.tables import tfds_rows
 from bertjax.tasks.features import Features
 from bertjax.tasks.squad_inputs import (SquadExample, read_squad, squad_examples_from_tfds,
                                         squad_features)
