@@ -2,6 +2,7 @@
 pretraining workdir (the configs take turns; classification runs from both): each `python -m bertjax.main` command of the docstring is parsed by the
 real flag parser, its files are made in the layout it names (columns, formats, eval sets),
 it runs shrunk to a few steps, and the model it leaves answers `bertjax.predict`."""
+import csv
 import json
 import os
 
@@ -14,19 +15,25 @@ from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse
 from finetune_helpers import sentences, tiny_model_dir, tiny_pretraining_workdir, write_tsv
 
-CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad", "seq2seq", "unilm")
+CONFIGS = ("classify", "pair", "tag", "pos", "segment", "squad", "seq2seq", "unilm", "choice")
 SOURCES = ("converted", "pretraining workdir")
 # Both sources feed every task through the same reader (checkpoints.open_model), so each
 # config runs from one of them, in turn; classification from both.
 CASES = [("classify", SOURCES[1])] + [(name, SOURCES[i % 2]) for i, name in enumerate(CONFIGS)]
 # Chinese words for segmentation files (the tests' WordPiece vocabulary holds these characters).
 CHINESE_WORDS = ("北京", "上海", "中国", "的", "天", "很", "好", "我们", "喜欢", "去", "大", "城")
-# Appended to each docstring command: a tiny budget (later flags win).
+# Appended to each docstring command: a tiny budget (later flags win), each task key where
+# the config's task section has it.
 SHRINK = ["--config.task.max_seq_length=32", "--config.task.doc_stride=16",
           "--config.task.max_query_length=12", "--config.train.global_batch_size=16",
           "--config.train.eval_batch_size=16", "--config.train.num_epochs=1",
           "--config.task.max_target_length=8", "--config.task.num_beams=2",
           "--config.quiet=true"]
+
+
+def shrink(task) -> list[str]:
+    return [a for a in SHRINK if not a.startswith("--config.task.")
+            or a[len("--config.task."):].split("=")[0] in task]
 
 
 def write_task_file(path: str, config, start: int) -> str:
@@ -52,6 +59,19 @@ def write_task_file(path: str, config, start: int) -> str:
         return path
     if task.type == "squad":
         return real_data.write_squad(path, real_data.austen_questions()[start:start + 48])
+    if task.type == "multiple_choice":  # SWAG's columns; the right ending is the next sentence
+        rng = np.random.default_rng(start)
+        with open(path, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow([task.context_column, task.question_column, *task.choice_columns,
+                             task.label_column])
+            for i, text in enumerate(texts):
+                label = int(rng.integers(len(task.choice_columns)))
+                endings = [texts[int(j)] for j in rng.integers(len(texts),
+                                                               size=len(task.choice_columns))]
+                endings[label] = texts[(i + 1) % len(texts)]
+                writer.writerow([text, "Then", *endings, label])
+        return path
     columns = list(task.text_columns)
     labels = ([len(t) / 20 for t in texts] if task.type == "regression"
               else ["long" if len(t) > 50 else "short" for t in texts])
@@ -70,6 +90,9 @@ def predict_one(predictor: TaskPredictor) -> dict:
     if predictor.task.name == "squad":
         examples = predictor.task.examples_from_texts(
             ["Which person is named in this passage?"], "Emma walked to Highbury with Harriet.")
+    elif predictor.task.name == "multiple_choice":
+        examples = predictor.task.examples_from_texts(
+            ["Emma walked to Highbury\tShe was happy.\tThe road sang."])
     else:
         examples = predictor.task.examples_from_texts(["Emma walked to Highbury\tShe was happy."])
     (record,) = predictor.predict(examples)
@@ -106,7 +129,7 @@ def test_docstring_command_runs_and_predicts(name, source, checkpoints, tmp_path
         config, _ = parse([
             *kept, f"--workdir={workdir}", f"--config.init_checkpoint={checkpoints[source]}",
             f"--config.task.train_file={train}",
-            *(f"--config.task.eval_files={path}" for path in evals), *SHRINK])
+            *(f"--config.task.eval_files={path}" for path in evals), *shrink(config.task)])
         main.run_mode(config, str(workdir))
 
         results = json.loads((workdir / "eval_results.json").read_text())
