@@ -216,8 +216,10 @@ def finetune(config: Any, workdir: str, devices: Sequence[jax.Device] | None = N
 
     host_state = trainer.start(initial_params, train_cfg.restore_fallback) or {}
     history = host_state.get("history", [])
+    # A row may hold several sequences (multiple choice: [choices, length]).
+    sequences_per_row = int(np.prod(train_arrays["input_ids"].shape[1:-1]))
     flops = metrics_lib.encoder_flops_per_sequence(
-        cfg, seq_len, getattr(model, "read_positions", None)) * batch_size
+        cfg, seq_len, getattr(model, "read_positions", None)) * batch_size * sequences_per_row
     peak = metrics_lib.peak_flops(list(trainer.mesh.devices.flat),
                                   train_cfg.peak_flops_per_device)
     log = metrics_lib.TrainingLog(workdir, total, train_cfg.log_every, batch_size, flops, peak,
