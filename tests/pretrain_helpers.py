@@ -112,8 +112,9 @@ def tiny_config(**train_overrides):
     o.name, o.learning_rate, o.warmup_steps, o.schedule = "adamw", 1e-2, 10, "warmup_linear"
     t = config.train
     t.global_batch_size, t.num_steps, t.log_every = 16, 6, 1
-    t.eval_every, t.checkpoint_every, t.keep_checkpoints = 0, 1000, 2
+    t.checkpoint_every, t.keep_checkpoints = 1000, 2
     t.peak_flops_per_device = 1e9
+    t.evaluate = "eval_every" in train_overrides  # evaluation when a test sets its interval
     for k, v in train_overrides.items():
         setattr(t, k, v)
     return config

@@ -269,7 +269,7 @@ def test_a_failed_start_is_one_line(tmp_path, shard_dir, capsys):
     assert "nowhere/manifest.json not found" in one_line(lambda: pretrain.input_data(config))
     config.data.shard_dir = shard_dir
     config.data.heldout_fraction = 0.01  # 12 documents: none held out
-    config.train.eval_every, config.train.eval_batches = 2, 1
+    config.train.evaluate, config.train.eval_every, config.train.eval_batches = True, 2, 1
     message = one_line(lambda: pretrain.train(config, str(tmp_path / "r"),
                                               pretrain.input_data(config)))
     assert "0 held-out documents" in message and not (tmp_path / "r" / "checkpoints").exists()
