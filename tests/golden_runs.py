@@ -7,7 +7,7 @@ The runs: pretraining of a 1-layer model on Austen text for 60 steps with checkp
 resume from step 40 must give the same figures); and one fine-tuning run per task family
 (classification, pair regression, tagging, extractive QA) from a tiny random BERT.
 
-    PYTHONPATH=tests .venv/bin/python tests/golden_runs.py --record
+    PYTHONPATH=.:tests .venv/bin/python tests/golden_runs.py --record
 
 records the figures afresh (after a change that is *meant* to change them; say why in the
 commit). Floats are stored exactly (JSON keeps a float's shortest repr).
@@ -92,7 +92,7 @@ def pretraining_corpus(directory: str) -> str:
     """40 documents of 12 Austen paragraphs each, tokenized with the real WordPiece vocab."""
     from bertjax.data import corpus as corpus_lib
     from bertjax.data import preparation
-    from task_data import MINILM_DIR, austen_paragraphs
+    from benchmarks.task_data import MINILM_DIR, austen_paragraphs
     os.makedirs(directory, exist_ok=True)
     source = os.path.join(directory, "austen.jsonl")
     paragraphs = austen_paragraphs()[:480]
@@ -122,7 +122,7 @@ def pretraining(directory: str) -> dict:
 
 def finetuning_files(directory: str, task: str) -> tuple[str, str]:
     """(train file, eval file) for a task family, made from Austen text."""
-    import real_data
+    from benchmarks import real_data
     from finetune_helpers import sentences, write_tsv
     os.makedirs(directory, exist_ok=True)
     train, dev = os.path.join(directory, f"{task}-train"), os.path.join(directory, f"{task}-dev")
@@ -176,7 +176,7 @@ def all_figures(directory: str) -> dict:
 def main() -> None:
     import tempfile
     if sys.argv[1:] != ["--record"]:
-        sys.exit(f"usage: PYTHONPATH=tests {sys.argv[0]} --record")
+        sys.exit(f"usage: PYTHONPATH=.:tests {sys.argv[0]} --record")
     os.chdir(ROOT)
     import conftest  # noqa: F401  (8 CPU devices, as the tests run)
     with tempfile.TemporaryDirectory() as directory:

@@ -10,7 +10,7 @@ import pytest
 from bertjax.data import tokenizers
 from bertjax.tasks.tagging import (TaggedSentence, read_conll, tag_vocab, tagging_features,
                                 word_predictions)
-from task_data import wordpiece
+from benchmarks.task_data import wordpiece
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from bertjax.data import preparation, shards
 from bertjax.training import checkpoints, inference, pretrain
 from config_commands import ROOT
 from finetune_helpers import tiny_model_dir
-from task_data import MINILM_DIR
+from benchmarks.task_data import MINILM_DIR
 
 TIMING = ("seq_per_sec", "mfu")
 
@@ -323,7 +323,7 @@ def test_a_fine_tuned_model_as_init_checkpoint_gives_its_encoder(tmp_path):
     import flax.linen as nn
     import jax
     from finetune_helpers import TINY
-    from task_data import wordpiece
+    from benchmarks.task_data import wordpiece
     params = nn.unbox(init_params(BertForSequenceClassification(TINY, 3),
                                   jax.random.PRNGKey(1)))
     model = str(tmp_path / "fine-tuned" / "model")

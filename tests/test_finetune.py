@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-import real_data
+from benchmarks import real_data
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.training import checkpoints, config_sections, finetune
 from bertjax.training.inference import TaskPredictor

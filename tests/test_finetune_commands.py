@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-import real_data
+from benchmarks import real_data
 from bertjax import main
 from bertjax.training.inference import TaskPredictor
 from config_commands import ROOT, docstring_commands, parse

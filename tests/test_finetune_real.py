@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-import real_data
+from benchmarks import real_data
+from benchmarks.task_data import MINILM_DIR
 from bertjax.convert import convert
 from bertjax.training import finetune
 from finetune_helpers import tiny_config, write_tsv
-from task_data import MINILM_DIR
 
 
 @pytest.fixture(scope="module")

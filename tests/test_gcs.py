@@ -22,7 +22,7 @@ from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation
 from bertjax.training import inference
 from finetune_helpers import classification_files
-from task_data import MINILM_DIR, austen_paragraphs
+from benchmarks.task_data import MINILM_DIR, austen_paragraphs
 
 BUCKET = "bertjax-test"
 PRETRAIN = ["--config=configs/tiny.py",

@@ -1,7 +1,7 @@
 """Chinese sequence labelling end to end from raw text, on real data: HKCanCor (conversational
 Cantonese written in Chinese characters, segmented and part-of-speech tagged by hand; see
-tests/real_data.py). bertjax pretrains a small BERT on the raw, unsegmented training
-utterances (`prepare` training a SentencePiece model, then `main`: tests/cantonese_bert.py);
+benchmarks/real_data.py). bertjax pretrains a small BERT on the raw, unsegmented training
+utterances (`prepare` training a SentencePiece model, then `main`: benchmarks/cantonese_bert.py);
 configs/finetune/segment.py and configs/finetune/pos.py then fine-tune it on a few hundred
 labelled utterances, and the held-out conversations are scored against the classic baselines
 built from the same labelled utterances. CI-sized: the pretraining learns little in its
@@ -10,8 +10,7 @@ baselines' does; benchmarks/finetune_vs_transformers.py runs the full-sized comp
 import jax
 import pytest
 
-import cantonese_bert
-import real_data
+from benchmarks import cantonese_bert, real_data
 from bertjax.training import finetune
 from config_commands import parse
 

@@ -5,8 +5,8 @@ tests/test_finetune_commands.py's (configs/finetune/choice.py's docstring comman
 import numpy as np
 import pytest
 
+from benchmarks.task_data import MINILM_DIR, wordpiece
 from bertjax.tasks import base as tasks
-from task_data import MINILM_DIR, wordpiece
 
 SWAG_HEADER = "video-id,fold-ind,startphrase,sent1,sent2,gold-source,ending0,ending1,ending2,ending3,label\n"
 

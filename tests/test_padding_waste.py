@@ -20,7 +20,7 @@ from bertjax.tasks.tagging import TaggedSentence, tag_vocab, tagging_features
 from bertjax.training import finetune, trainer
 from bertjax.training.inference import TaskPredictor
 from finetune_helpers import TINY, classification_files, sentences, tiny_config, tiny_model_dir
-from task_data import wordpiece
+from benchmarks.task_data import wordpiece
 
 DETERMINISTIC = dataclasses.replace(TINY, hidden_dropout_prob=0.0,
                                     attention_probs_dropout_prob=0.0)

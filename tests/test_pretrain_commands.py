@@ -12,7 +12,7 @@ import pytest
 from config_commands import ROOT, docstring_commands, parse
 from bertjax import main
 from bertjax.training import checkpoints
-from task_data import MINILM_DIR, austen_paragraphs
+from benchmarks.task_data import MINILM_DIR, austen_paragraphs
 
 SHRINK = ["--config.model.num_hidden_layers=2", "--config.model.hidden_size=128",
           "--config.model.num_attention_heads=2", "--config.model.intermediate_size=512",

@@ -14,7 +14,7 @@ from bertjax.tasks import base as tasks
 from bertjax.training import finetune
 from bertjax.training.inference import TaskPredictor
 from finetune_helpers import sentences, tiny_config, tiny_model_dir, write_tsv
-from task_data import wordpiece
+from benchmarks.task_data import wordpiece
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

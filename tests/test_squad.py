@@ -9,7 +9,7 @@ import pytest
 from bertjax.tasks.spans import best_answers
 from bertjax.tasks.squad_inputs import SquadExample, context_words, read_squad, squad_features
 from bertjax.tasks.metrics import squad_scores
-from task_data import austen_paragraphs, wordpiece
+from benchmarks.task_data import austen_paragraphs, wordpiece
 
 
 @pytest.fixture(scope="module")

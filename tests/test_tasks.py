@@ -9,7 +9,7 @@ from transformers import BertTokenizerFast
 from bertjax.tasks.features import LabelVocab
 from bertjax.tasks.classify import classification_features, read_table, read_tfds
 from bertjax.tasks.squad import Squad
-from task_data import MINILM_DIR, wordpiece
+from benchmarks.task_data import MINILM_DIR, wordpiece
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
-"""Shared by the fine-tuning tests: the real bert-base-uncased WordPiece vocabulary shipped in
-the all-MiniLM-L6-v2 package, and paragraphs of the embedded Austen corpus."""
+"""Shared by the fine-tuning tests and the benchmarks: the real bert-base-uncased WordPiece
+vocabulary shipped in the all-MiniLM-L6-v2 package, and paragraphs of the embedded Austen
+corpus."""
 import functools
 import os
 

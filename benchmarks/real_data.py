@@ -1,4 +1,5 @@
-"""Real fine-tuning data for the end-to-end tests, fetched or built at test time.
+"""Real fine-tuning data for the end-to-end tests and the benchmarks, fetched or built when
+first used.
 
 - VADER movie-review snippets (Hutto & Gilbert, ICWSM 2014), from the vaderSentiment 3.3.2
   sdist on PyPI: id TAB mean rating TAB text; labelled by the rating's sign, zeros dropped.
@@ -36,7 +37,7 @@ import numpy as np
 
 from bertjax.data.corpus import split_sentences
 from bertjax.tasks.squad_inputs import SquadExample
-from task_data import austen_paragraphs
+from benchmarks.task_data import austen_paragraphs
 
 CACHE = os.environ.get("BERTJAX_TEST_DATA",
                        os.path.join(os.path.expanduser("~"), ".cache", "bertjax-test-data"))

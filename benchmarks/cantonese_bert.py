@@ -1,7 +1,8 @@
 """A small BERT pretrained by bertjax itself on HKCanCor's raw training text, end to end as a
 user does it: `prepare` trains a SentencePiece model on the unsegmented utterances and writes
-shards, then `main` pretrains configs/tiny.py (shrunk by the flags below) on them. The Chinese
-sequence-labelling tests and benchmarks (segmentation, part-of-speech) fine-tune from it.
+shards, then `main` pretrains configs/tiny.py (shrunk by the overrides below) on them. The
+Chinese sequence-labelling tests and benchmarks (segmentation, part-of-speech) fine-tune from
+it.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 
-from config_commands import parse
+from benchmarks import config_files
 
 UTTERANCES_PER_DOCUMENT = 20  # conversations are not marked in the corpus; NSP needs documents
 
@@ -42,15 +43,12 @@ def pretrain(out: str, utterances: list[list[str]], steps: int, hidden: int = 12
     shards = os.path.join(out, "shards")
     preparation.prepare(corpus_lib.Corpus(source, "jsonl"), shards, vocab_size=vocab_size,
                         num_shards=2, overwrite=True, quiet=True)
-    config, workdir = parse([
-        "--config=configs/tiny.py", f"--workdir={workdir}", f"--config.data.shard_dir={shards}",
-        f"--config.model.hidden_size={hidden}", "--config.model.num_hidden_layers=2",
-        "--config.model.num_attention_heads=4", f"--config.model.intermediate_size={2 * hidden}",
-        f"--config.data.max_seq_length={max_seq_length}",
-        "--config.data.max_predictions_per_seq=10",
-        f"--config.train.num_steps={steps}", "--config.train.log_every=50",
-        f"--config.train.eval_every={steps}", "--config.train.eval_batches=2",
-        f"--config.train.checkpoint_every={steps}", "--config.quiet=true"])
+    config = config_files.load("configs/tiny.py", {
+        "data.shard_dir": shards, "model.hidden_size": hidden, "model.num_hidden_layers": 2,
+        "model.num_attention_heads": 4, "model.intermediate_size": 2 * hidden,
+        "data.max_seq_length": max_seq_length, "data.max_predictions_per_seq": 10,
+        "train.num_steps": steps, "train.log_every": 50, "train.eval_every": steps,
+        "train.eval_batches": 2, "train.checkpoint_every": steps, "quiet": True})
     bertjax_main.run_mode(config, workdir)
     return workdir
 
