@@ -230,6 +230,31 @@ def test_sigint_saves_and_the_run_resumes(reference, tmp_path):
     assert records(tmp_path) == reference
 
 
+def test_a_run_keeps_its_newest_checkpoints_and_a_signal_asks_for_a_save(tmp_path):
+    """train.keep_checkpoints bounds the disk a week-long run fills; SIGTERM and a first
+    Ctrl-C ask the loop to save and stop, a second Ctrl-C interrupts at once."""
+    saved = checkpoints.RunCheckpoints(str(tmp_path), keep=2)
+    for step in range(1, 5):
+        saved.save(step, params={"w": np.full(3, step, np.float32)}, opt_state={"m": np.zeros(2)},
+                   progress={"step": np.int32(step)}, host={})
+    saved.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["3", "4"]
+
+    before = signal.getsignal(signal.SIGINT)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signalled = checkpoints.RunCheckpoints(str(tmp_path), keep=2)
+        try:
+            assert not signalled.preemption_requested(5)
+            os.kill(os.getpid(), signum)
+            assert signalled.preemption_requested(5), signal.Signals(signum).name
+            if signum == signal.SIGINT:
+                with pytest.raises(KeyboardInterrupt):
+                    os.kill(os.getpid(), signal.SIGINT)
+        finally:
+            signalled.close()
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_a_full_disk_is_one_line_and_the_previous_checkpoint_stays(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()

@@ -13,9 +13,9 @@ It is written so that a crash never leaves a half-written directory that reads a
 A *run* (a training workdir) keeps Orbax checkpoints under WORKDIR/checkpoints/<step>/ with
 the items `params`, `opt_state`, `progress` (step and RNG, arrays) and `host` (JSON: the data
 position and whatever else the loop needs to continue exactly). `RunCheckpoints` saves them
-asynchronously, keeps the newest N, and turns SIGTERM (preemption) into a save at the next
-step boundary. A pretraining run also keeps WORKDIR/architecture/ (its model config and
-tokenizer), so its latest checkpoint reads as a model before the run has exported one.
+asynchronously, keeps the newest N, and turns SIGTERM (preemption) and Ctrl-C into a save at
+the next step boundary. A pretraining run also keeps WORKDIR/architecture/ (its model config
+and tokenizer), so its latest checkpoint reads as a model before the run has exported one.
 
 `open_model` is the one place that tells what a path given as a model is: a model
 directory, a finished run's workdir (its exported WORKDIR/model), or a pretraining workdir
@@ -224,13 +224,18 @@ def _item_handlers() -> dict:
 
 
 class RunCheckpoints:
-    """A training run's checkpoints in WORKDIR/checkpoints, saved asynchronously, newest N kept.
+    """A training run's checkpoints in WORKDIR/checkpoints, saved asynchronously, the newest
+    `keep` kept (Orbax's `LatestN` preservation policy).
 
-    SIGTERM (how schedulers and TPU maintenance announce preemption) and a first Ctrl-C
-    (SIGINT) only set a flag here; the loop asks `preemption_requested(step)` at each step
-    boundary, saves and exits. A second Ctrl-C interrupts at once. With several processes,
-    JAX's preemption service (which `jax.distributed.initialize` starts) makes every process
-    agree on the same step instead.
+    Preemption is asked at each step boundary (`preemption_requested(step)`); the loop then
+    saves and exits. Orbax's check (`CheckpointManager.reached_preemption`) is JAX's
+    preemption sync manager, which `jax.distributed.initialize` starts: it hears SIGTERM on
+    any process and makes every process agree on the step to save. It hears nothing else: a
+    single process started without `jax.distributed` has no sync manager, and none listens
+    for Ctrl-C. So a single process keeps the one hand-made part, a handler that sets a flag
+    on SIGTERM and on a first Ctrl-C (SIGINT), which saves like SIGTERM; a second Ctrl-C
+    interrupts at once. Several processes leave both signals to JAX (Ctrl-C stops the one
+    process it reaches): a flag set on one host alone would save on that host only.
     """
 
     def __init__(self, workdir: str, keep: int):
@@ -238,9 +243,10 @@ class RunCheckpoints:
         self.directory = str(_path(workdir) / CHECKPOINTS_DIR)
         self.manager = ocp.CheckpointManager(
             self.directory, item_handlers=_item_handlers(),
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                                 enable_async_checkpointing=True))
-        self._sigterm = False
+            options=ocp.CheckpointManagerOptions(
+                preservation_policy=ocp.checkpoint_managers.LatestN(keep), create=True,
+                enable_async_checkpointing=True))
+        self._signalled = False
         self._previous_handlers = {}
         if jax.process_count() == 1 and threading.current_thread() is threading.main_thread():
             for signum in (signal.SIGTERM, signal.SIGINT):
@@ -248,14 +254,14 @@ class RunCheckpoints:
 
     def _on_signal(self, signum, frame) -> None:
         del frame
-        self._sigterm = True
+        self._signalled = True
         if signum == signal.SIGINT:  # a second Ctrl-C stops at once
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def preemption_requested(self, step: int) -> bool:
-        if jax.process_count() > 1:
-            return self.manager.reached_preemption(step)
-        return self._sigterm
+        """Whether to save `step` and stop. Every process must ask at every step: JAX's sync
+        protocol counts on it."""
+        return self.manager.reached_preemption(step) or self._signalled
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
