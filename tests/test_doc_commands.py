@@ -1,4 +1,5 @@
-"""Every command in README.md, WORKSPACE.md, launch/README.md and docs/tpu.md works as pasted.
+"""Every command in README.md, WORKSPACE.md, launch/README.md and docs/*.md works as pasted,
+and every link between them resolves.
 
 The commands are read from the documents themselves: each line of a fenced code block (with
 `\\` continuations joined) and each inline `code` span that starts like a command. Every one
@@ -14,6 +15,9 @@ must fall into a kind this file checks, so a new kind of command cannot go unche
 - `make` targets exist, and the scripts and test files that commands name exist;
 - environment steps that cannot run here (`git clone`, the uv installer, making a venv) and
   synopses (`<...>`, `[...]`, `...`) are listed and skipped.
+
+A relative link must name a file in the repository, and its `#anchor` a heading of that file:
+results move between documents, and a README row must still reach its details.
 """
 import os
 import re
@@ -29,7 +33,8 @@ from test_platforms import SOURCE_ONLY
 from bertjax import main as bertjax_main
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "WORKSPACE.md", "launch/README.md", "docs/tpu.md"]
+DOCS = ["README.md", "WORKSPACE.md", "launch/README.md",
+        *sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))]
 COMMAND_START = ("python", ".venv/bin/python", "PYTHONPATH=", "make ", "pip ", "uv ",
                  "git clone", "curl ", ". ", "time ")
 # Steps that set up a machine: they need the network or a fresh directory, not this checkout.
@@ -89,8 +94,36 @@ COMMANDS = documented_commands()
 
 def test_every_documented_command_is_of_a_checked_kind():
     assert len(COMMANDS) > 20, COMMANDS
+    assert {"docs/results.md", "docs/performance.md", "docs/tpu.md"} <= set(DOCS), DOCS
     unknown = [c for c in COMMANDS if kind(c[1]) == "unknown"]
     assert not unknown, f"commands this test does not know how to check: {unknown}"
+
+
+# --- Links ----------------------------------------------------------------------------------
+
+def _anchors(text: str) -> set[str]:
+    """GitHub's anchors for a document's headings: lower case, punctuation dropped, - for spaces."""
+    text = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    headings = re.findall(r"^#+ +(.+?) *$", text, re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_links_between_documents_resolve():
+    broken = []
+    for doc in DOCS:
+        text = (REPO / doc).read_text()
+        prose = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue  # a web address
+            path, _, anchor = target.partition("#")
+            file = (REPO / doc).parent / path if path else REPO / doc
+            inside = file.resolve().is_relative_to(REPO)
+            if not (inside and file.exists()):
+                broken.append(f"{doc}: {target}: no such file in the repository")
+            elif anchor and file.suffix == ".md" and anchor not in _anchors(file.read_text()):
+                broken.append(f"{doc}: {target}: no heading #{anchor} in {path or doc}")
+    assert not broken, "\n".join(broken)
 
 
 # --- bertjax.main and the other CLIs -------------------------------------------------------
