@@ -1,6 +1,6 @@
 """How many documents one batch of the pretraining pipeline draws from, with its defaults.
 
-    PYTHONPATH=. python benchmarks/batch_mixing.py [--batches 40] [--workdir /tmp/bertjax-mixing]
+    python -m benchmarks.batch_mixing [--batches=40] [--workdir=/tmp/bertjax-mixing]
 
 Two corpora with the structure of real ones, whose token ids name their document (id 10 + d),
 so that the first token of segment A says which document an example comes from:
@@ -18,10 +18,11 @@ over --batches batches.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 import numpy as np
+
+from benchmarks import harness
 
 
 def austen_lengths() -> list[list[int]]:
@@ -74,26 +75,28 @@ def distinct_documents(directory: str, num_documents: int, batch_size: int,
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--workdir", default="/tmp/bertjax-mixing")
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--books", type=int, default=100)
     parser.add_argument("--book_tokens", type=int, default=100_000)
     args = parser.parse_args()
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    bench = harness.start(args)
     corpora = {"austen": austen_lengths(),
                f"books ({args.books} x {args.book_tokens:,} tokens)":
                    book_lengths(args.books, args.book_tokens)}
+    table = bench.table(f"distinct documents per batch, over {args.batches} batches of seq 128",
+                        [("corpus", ""), ("documents", ",d"), ("tokens", ",d"), ("batch", "d"),
+                         ("mean distinct documents", ".1f"), ("fewest", "d")])
     for index, (name, lengths) in enumerate(corpora.items()):
         directory = write_labelled(os.path.join(args.workdir, f"corpus{index}-{args.books}-"
                                                 f"{args.book_tokens}"), lengths)
         for batch_size in (32, 256):
             counts = distinct_documents(directory, len(lengths), batch_size, args.batches)
-            print(f"{name}, {len(lengths)} documents, {sum(map(sum, lengths)):,} tokens: "
-                  f"batch {batch_size}: {np.mean(counts):.1f} distinct documents per batch "
-                  f"(fewest {min(counts)})", flush=True)
-    print(f"rerun: PYTHONPATH=. python benchmarks/batch_mixing.py --batches {args.batches} "
-          f"--books {args.books} --book_tokens {args.book_tokens}")
+            table.row(name, len(lengths), sum(map(sum, lengths)), batch_size,
+                      float(np.mean(counts)), min(counts))
+    bench.finish()
 
 
 if __name__ == "__main__":

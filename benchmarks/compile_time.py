@@ -2,8 +2,8 @@
 (`model.scan_layers`), with and without remat, from abstract shapes (nothing is allocated, so
 BERT-large is measured on a machine it would not train on).
 
-  PYTHONPATH=. python benchmarks/compile_time.py
-  PYTHONPATH=. python benchmarks/compile_time.py --sizes=base --batch=8 --seq_len=512
+  python -m benchmarks.compile_time
+  python -m benchmarks.compile_time --sizes=base --batch=8 --seq_len=512
 
 Each variant traces, lowers and compiles the trainer's `train_step` (bert_adamw, dropout
 0.1, the MLM + NSP objective) for the default device; "temp" is XLA's own figure for the
@@ -13,11 +13,9 @@ compiled executable's memory analysis.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -27,6 +25,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, init_params  # noqa: E402
 from bertjax.training import optimizers, pretrain, trainer  # noqa: E402
@@ -58,25 +57,23 @@ def compile_step(config, batch: int, seq_len: int, predictions: int) -> tuple[fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--sizes", default="base,large")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq_len", type=int, default=128)
     parser.add_argument("--predictions", type=int, default=20)
     args = parser.parse_args()
-    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
-    print(f"device {jax.devices()[0].device_kind}, {os.cpu_count()} CPUs; load average "
-          f"{os.getloadavg()[0]:.2f}; batch {args.batch}, seq {args.seq_len}, "
-          f"predictions {args.predictions}, f32")
-    print("| size | layers | remat | compile s | temp GiB |")
-    print("|---|---|---|---:|---:|")
+    bench = harness.start(args)
+    table = bench.table(f"batch {args.batch}, seq {args.seq_len}, predictions {args.predictions}, "
+                        "f32", [("size", ""), ("layers", ""), ("remat", ""), ("compile s", ".1f"),
+                                ("temp GiB", ".2f")])
     for size in args.sizes.split(","):
         for scan, remat in ((False, False), (True, False), (True, True)):
             config = dataclasses.replace(presets.preset(size), scan_layers=scan, remat=remat)
             seconds, temp = compile_step(config, args.batch, args.seq_len, args.predictions)
-            print(f"| {size} | {'scanned' if scan else 'per layer'} | "
-                  f"{'nothing saved' if remat else 'off'} | {seconds:.1f} | "
-                  f"{temp / 2**30:.2f} |", flush=True)
+            table.row(size, "scanned" if scan else "per layer",
+                      "nothing saved" if remat else "off", seconds, temp / 2**30)
+    bench.finish()
 
 
 if __name__ == "__main__":

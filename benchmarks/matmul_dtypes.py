@@ -2,8 +2,8 @@
 (forward x@W, input gradient g@W^T, weight gradient x^T@g) in float32 and in bf16, under XLA
 (what bertjax runs) and PyTorch, at the mini model's shapes.
 
-  PYTHONPATH=. python benchmarks/matmul_dtypes.py
-  PYTHONPATH=. python benchmarks/matmul_dtypes.py --rows=4096 --inner=256 --outer=1024
+  python -m benchmarks.matmul_dtypes
+  python -m benchmarks.matmul_dtypes --rows=4096 --inner=256 --outer=1024
 
 bf16 is timed twice under XLA: with a bf16 result (what a Flax layer with dtype=bfloat16
 computes) and accumulated into a float32 result (`preferred_element_type`, how matrix units
@@ -12,31 +12,16 @@ run at their peak). Each figure is the best of several timed calls after a warm-
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import time
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from profile_step import cpu_model
+from benchmarks import harness
 
 # (name, dot of (x [R, I], w [I, O], g [R, O])): the three products of a dense layer's step.
 PRODUCTS = (("forward x@W", lambda x, w, g, **kw: jnp.dot(x, w, **kw)),
             ("input grad g@W^T", lambda x, w, g, **kw: jnp.dot(g, w.T, **kw)),
             ("weight grad x^T@g", lambda x, w, g, **kw: jnp.dot(x.T, g, **kw)))
-
-
-def best_seconds(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def xla_rates(x, w, g, repeats: int) -> dict:
@@ -49,7 +34,7 @@ def xla_rates(x, w, g, repeats: int) -> dict:
         args = [jnp.asarray(a, dtype) for a in (x, w, g)]
         for name, product in PRODUCTS:
             step = jax.jit(lambda x, w, g, product=product: product(x, w, g, **kwargs))
-            rates[("XLA", label, name)] = flops / best_seconds(
+            rates[("XLA", label, name)] = flops / harness.best_seconds(
                 lambda: step(*args).block_until_ready(), repeats)
     return rates
 
@@ -64,12 +49,12 @@ def torch_rates(x, w, g, repeats: int) -> dict:
         for name, product in (("forward x@W", lambda: tx @ tw),
                               ("input grad g@W^T", lambda: tg @ tw.T),
                               ("weight grad x^T@g", lambda: tx.T @ tg)):
-            rates[("PyTorch", label, name)] = flops / best_seconds(product, repeats)
+            rates[("PyTorch", label, name)] = flops / harness.best_seconds(product, repeats)
     return rates
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--rows", type=int, default=4096, help="batch x sequence positions")
     parser.add_argument("--inner", type=int, default=256, help="the layer's input width")
     parser.add_argument("--outer", type=int, default=1024, help="the layer's output width")
@@ -80,17 +65,16 @@ def main() -> None:
     x = rng.standard_normal((args.rows, args.inner), np.float32)
     w = rng.standard_normal((args.inner, args.outer), np.float32)
     g = rng.standard_normal((args.rows, args.outer), np.float32)
-    print(f"command: python {' '.join(sys.argv)}")
-    print(f"{cpu_model()}; jax {jax.__version__}; load average {os.getloadavg()[0]:.2f} "
-          f"(1 min) at start; x [{args.rows}, {args.inner}] @ W [{args.inner}, {args.outer}]")
+    bench = harness.start(args)
     rates = xla_rates(x, w, g, args.repeats)
     if not args.no_torch:
         rates.update(torch_rates(x, w, g, args.repeats))
     names = [name for name, _ in PRODUCTS]
-    print(f"{'GFLOP/s':<36}" + "".join(f"{n:>20}" for n in names))
+    table = bench.table(f"GFLOP/s, x [{args.rows}, {args.inner}] @ W [{args.inner}, {args.outer}]",
+                        [("framework, dtype", "")] + [(n, ".0f") for n in names])
     for framework, label in dict.fromkeys((f, l) for f, l, _ in rates):
-        print(f"{framework + ', ' + label:<36}"
-              + "".join(f"{rates[(framework, label, n)] / 1e9:>20.0f}" for n in names))
+        table.row(f"{framework}, {label}", *(rates[(framework, label, n)] / 1e9 for n in names))
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 original), cut to length buckets (`train.bucket_lengths`), packed (`train.examples_per_row`);
 with --steps, the training speed of each in examples per second.
 
-  PYTHONPATH=.:tests python benchmarks/padding_waste.py
-  PYTHONPATH=.:tests python benchmarks/padding_waste.py --max_seq_length=256 --batch=32
-  PYTHONPATH=.:tests python benchmarks/padding_waste.py --steps=4 --size=mini
-  PYTHONPATH=.:tests python benchmarks/padding_waste.py --eval_rows=1024 --size=mini
+  python -m benchmarks.padding_waste
+  python -m benchmarks.padding_waste --max_seq_length=256 --batch=32
+  python -m benchmarks.padding_waste --steps=4 --size=mini
+  python -m benchmarks.padding_waste --eval_rows=1024 --size=mini
 
 The data are the fine-tuning benchmark's short-text sets (benchmarks/real_data.py): the 10,605
 VADER movie-review snippets (single sentences) and 2,000 Austen sentence pairs, tokenized
@@ -27,29 +27,20 @@ first pass that compiles: examples evaluated per second.
 
 from __future__ import annotations
 
-import argparse
-import os
-import sys
-import time
+import functools
 
 import flax.linen as nn
 import jax
 import numpy as np
 
-from benchmarks import real_data  # tests/: the real-data builders the tests use
-from bertjax.tasks.classify import TextExample, classification_features
+from benchmarks import harness, real_data
+from benchmarks.task_data import wordpiece
 from bertjax.models import presets
 from bertjax.models.heads import BertForSequenceClassification, init_params
 from bertjax.tasks import base as tasks
-from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
-from bertjax.training import finetune, finetune_config, metrics, trainer
-from profile_step import cpu_model  # benchmarks/
-from benchmarks.task_data import wordpiece
-
-
-def cpu_line() -> str:
-    return f"one {jax.devices()[0].platform} device of {cpu_model()}, load average " \
-           f"{os.getloadavg()[0]:.2f}"
+from bertjax.tasks.classify import TextExample, classification_features
+from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows
+from bertjax.training import finetune, finetune_config, trainer
 
 
 def shares(mask: np.ndarray, batch: int, buckets: tuple[int, ...], per_row: int) -> dict:
@@ -89,16 +80,15 @@ def training_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, fl
                        else len(b["input_ids"]) for b in chosen)
         kinds[name] = ([jax.device_put(b) for b in chosen], examples)
     rng = jax.random.PRNGKey(1)
-    for batches, _ in kinds.values():  # compile every shape
-        for batch in batches:
-            jax.block_until_ready(step(state, batch, rng))
-    best = {name: float("inf") for name in kinds}
-    for _ in range(args.repeats):
-        for name, (batches, _) in kinds.items():
-            start = time.perf_counter()
+
+    def epoch(batches):
+        def run():
             for batch in batches:
                 jax.block_until_ready(step(state, batch, rng))
-            best[name] = min(best[name], time.perf_counter() - start)
+        return run
+    # The untimed first turn compiles every shape.
+    best = harness.time_in_turns({name: epoch(batches) for name, (batches, _) in kinds.items()},
+                                 warmup=1, steps=1, repeats=args.repeats)
     return {name: kinds[name][1] / best[name] for name in kinds}
 
 
@@ -114,19 +104,15 @@ def evaluation_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, 
     def evaluate(cut):
         return trainer.batched_outputs(step, params, rows, tasks.INPUTS, args.eval_batch,
                                        bucket_lengths=cut)
-    for cut in cuts.values():  # compile every shape
-        evaluate(cut)
-    best = {name: float("inf") for name in cuts}
-    for _ in range(args.repeats):
-        for name, cut in cuts.items():
-            start = time.perf_counter()
-            evaluate(cut)
-            best[name] = min(best[name], time.perf_counter() - start)
+    # The untimed first turn compiles every shape.
+    best = harness.time_in_turns({name: functools.partial(evaluate, cut)
+                                  for name, cut in cuts.items()},
+                                 warmup=1, steps=1, repeats=args.repeats)
     return {name: len(rows["input_ids"]) / best[name] for name in cuts}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--max_seq_length", type=int, default=128)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--buckets", default="16,32,48,64,96")
@@ -138,24 +124,24 @@ def main() -> None:
     parser.add_argument("--size", default="mini")
     args = parser.parse_args()
     buckets = tuple(int(b) for b in args.buckets.split(","))
+    bench = harness.start(args)
     tokenizer = wordpiece()
     sets = {"VADER movie snippets": [TextExample(str(i), text, label=score)
                                      for i, (text, score) in enumerate(
                                          real_data.vader_movie_snippets())],
             "Austen sentence pairs": [TextExample(str(i), a, b, label=score) for i, (a, b, score)
                                       in enumerate(real_data.austen_pairs(2000))]}
-    print(f"command: python {' '.join(sys.argv)}")
-    print(f"max_seq_length {args.max_seq_length}, batch {args.batch}, buckets {buckets}, up "
-          f"to {args.examples_per_row} examples per packed row")
-    print("| data | examples | real tokens per row: padded | bucketed | packed (rows) |")
-    print("|---|---:|---:|---:|---:|")
+    table = bench.table(f"real tokens per row: max_seq_length {args.max_seq_length}, batch "
+                        f"{args.batch}, buckets {buckets}, up to {args.examples_per_row} examples "
+                        "per packed row", [("data", ""), ("examples", ",d"), ("padded %", ".1f"),
+                                           ("bucketed %", ".1f"), ("packed %", ".1f"),
+                                           ("packed rows", ",d")])
     for name, examples in sets.items():
         features = classification_features(examples, tokenizer, args.max_seq_length,
                                            regression=True)
         s = shares(features.arrays["input_mask"], args.batch, buckets, args.examples_per_row)
-        print(f"| {name} | {s['rows']:,} | {100 * s['padded']:.1f}% | "
-              f"{100 * s['bucketed']:.1f}% | {100 * s['packed']:.1f}% "
-              f"({s['packed rows']:,}) |")
+        table.row(name, s["rows"], 100 * s["padded"], 100 * s["bucketed"], 100 * s["packed"],
+                  s["packed rows"])
         if name.startswith("VADER"):
             vader = features.arrays
     measured = [(f"training speed, VADER, {args.size}, {args.steps} steps of batch "
@@ -164,12 +150,12 @@ def main() -> None:
         measured.append((f"evaluation speed, VADER, {args.size}, {args.eval_rows} rows in "
                          f"batches of {args.eval_batch}", evaluation_speed))
     for heading, speed in measured:
-        peak = metrics.measure_matmul_flops(size=2048, repeats=5)
-        print(f"\n{heading}; {cpu_line()}; measured f32 matmul peak {peak / 1e9:.1f} GFLOP/s")
         rates = speed(vader, args, buckets)
+        speeds = bench.table(f"{heading}; one {jax.devices()[0].platform} device",
+                             [("rows", ""), ("examples/s", ".1f"), ("x padded", ".2f")])
         for name, rate in rates.items():
-            print(f"{name:9s} {rate:8.1f} examples/s  ({rate / rates['padded']:.2f}x padded)")
-        print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end")
+            speeds.row(name, rate, rate / rates["padded"])
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Does pretraining pay off? Pretrain a small BERT on the embedded Jane Austen corpus, then
 fine-tune it and the same model from random initialisation on two real tasks, two seeds each.
 
-    PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py --out=/tmp/ptf
+    nice -n 10 python -m benchmarks.pretrain_then_finetune --out=/tmp/ptf
 
 Every run is a `python -m bertjax.main` command (printed, and kept in results.json):
 
@@ -18,8 +18,8 @@ Every run is a `python -m bertjax.main` command (printed, and kept in results.js
 4. `python -m bertjax.predict fill-mask` on ten sentences of the held-out chapters, one word
    (a single piece of the vocabulary) masked in each, for both models;
 5. fine-tuning both models on VADER movie-review sentiment and WNUT-16 Twitter NER (real
-   data from PyPI, built by benchmarks/real_data.py; the split of benchmarks/
-   finetune_vs_transformers.py, or --held_out of it), each with seeds --seeds, the same
+   data from PyPI, built by benchmarks/real_data.py; finetune_vs_transformers.py's split, in
+   benchmarks/real_tasks.py, or --held_out of it), each with seeds --seeds, the same
    settings for both.
 
 --choose_learning_rate=2e-4,5e-4,1e-3 fine-tunes each model at every listed rate instead, on
@@ -52,7 +52,6 @@ answers, and the fine-tuning metrics with their gap.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -66,11 +65,9 @@ import time
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "benchmarks"), os.path.join(REPO, "tests")]
+from benchmarks import config_files, harness, real_data, real_tasks
 
-import finetune_vs_transformers as ftv  # noqa: E402  (the real tasks' data and split)
-from benchmarks import real_data  # noqa: E402
+REPO = config_files.REPO
 
 # configs/tiny.py's model, sized for half an hour of a quiet 2-core CPU. At this size held-out
 # MLM accuracy sits at the context-free level (about 0.14) for the first 3,000 steps, then
@@ -91,14 +88,7 @@ PRETRAIN = {
 # ran it, and because a task's snippets, grouped into documents, do not follow each other:
 # NSP on them would train the pooler on noise.
 ADAPT = {"optimizer.learning_rate": 5e-4, "optimizer.warmup_steps": 100, "data.nsp": False}
-# The same for both initialisations. A model this small fine-tunes best at a rate well above
-# BERT-base's 5e-5; tagging's fresh 21-way head learns at 10x that.
-TASKS = {
-    "sentiment": ftv.Task("classify", "classification", 2000, 500, 48, 5e-4, 3.0,
-                          ("accuracy", "macro_f1")),
-    "tagging": ftv.Task("tag", "tagging", 0, 500, 48, 5e-4, 5.0,
-                        ("f1", "precision", "recall"), head_lr_multiplier=10.0),
-}
+TASKS = real_tasks.PRETRAIN_THEN_FINETUNE_TASKS
 
 
 SNIPPETS_PER_DOCUMENT = 16
@@ -166,13 +156,13 @@ def _quoting(held_out: set[str]):
 
 
 def heldout_texts() -> set[str]:
-    """Every text a fine-tuning run of this benchmark holds out (ftv's split)."""
+    """Every text a fine-tuning run of this benchmark holds out (real_tasks' split)."""
     sentiment = [(text, score) for text, score in real_data.vader_movie_snippets()
                  if score != 0]
     tweets = [t for t in real_data.wnut16_lines().split("\n\t\n") if t.strip()]
-    _, sentiment_dev = ftv._split(sentiment, TASKS["sentiment"].train,
+    _, sentiment_dev = real_tasks.split(sentiment, TASKS["sentiment"].train,
                                   TASKS["sentiment"].held_out)
-    _, tweets_dev = ftv._split(tweets, TASKS["tagging"].train, TASKS["tagging"].held_out)
+    _, tweets_dev = real_tasks.split(tweets, TASKS["tagging"].train, TASKS["tagging"].held_out)
     return {text for text, _ in sentiment_dev} | set(map(_tweet_text, tweets_dev))
 
 
@@ -431,7 +421,7 @@ def markdown(report: dict) -> str:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--out", default="/tmp/bertjax-ptf")
     parser.add_argument("--corpus", default="austen",
                         choices=CORPORA)
@@ -490,24 +480,9 @@ def main():
             parser.error(f"--held_out: {name_count!r}, expected TASK=N with TASK one of "
                          f"{', '.join(TASKS)} and N a positive count")
         TASKS[name] = dataclasses.replace(TASKS[name], held_out=int(count))
-    rerun = (f"PYTHONPATH=.:tests nice -n 10 python benchmarks/pretrain_then_finetune.py "
-             f"--out={args.out} --corpus={args.corpus} --vocab_size={args.vocab_size} "
-             f"--steps={args.steps} --eval_every={args.eval_every} "
-             f"--pretrain_minutes={args.pretrain_minutes:g} --seeds={args.seeds} "
-             f"--tasks={args.tasks}" + (f" --epochs={args.epochs:g}" if args.epochs else "")
-             + (f" --learning_rate={args.learning_rate:g}" if args.learning_rate else "")
-             + (f" --choose_learning_rate={args.choose_learning_rate}"
-                f" --selection_examples={args.selection_examples}" if choice else "")
-             + (f" --adapt_steps={args.adapt_steps}" if args.adapt_steps else "")
-             + (f" --train_examples={args.train_examples}" if args.train_examples else "")
-             + (f" --held_out={args.held_out}" if args.held_out else "")
-             + (" --lowercase" if args.lowercase else "")
-             + (f" --finetune_overrides={args.finetune_overrides}"
-                if args.finetune_overrides else "")
-             + (" --quick" if args.quick else "")
-             + (f" --pretrain_overrides={args.pretrain_overrides}"
-                if args.pretrain_overrides else ""))
-    print(f"# {rerun}", flush=True)
+    # No JAX in this process: every run is a bertjax command, which measures its own.
+    bench = harness.start(args, peak=False)
+    rerun = bench.command
     os.makedirs(args.out, exist_ok=True)
     report = {"rerun": rerun, "commands": {}}
 
@@ -578,7 +553,7 @@ def main():
             task = dataclasses.replace(task, train=args.train_examples)
         if args.quick:
             task = dataclasses.replace(task, train=64, held_out=64, epochs=1.0)
-        train_file, eval_file, baseline = ftv.write_data(name, task,
+        train_file, eval_file, baseline = real_tasks.write_data(name, task,
                                                          os.path.join(args.out, "data", name))
         result = {"metric": task.metrics[0], "baseline": baseline, "pretrained": [],
                   "random": [], "seconds": []}
@@ -606,10 +581,11 @@ def main():
                     run_name = (f"{name}-{named}-lr{rate:g}-{seed}" if choice
                                 else f"{name}-{named}-{seed}")
                     workdir = os.path.join(args.out, "finetune", run_name)
-                    values = ftv.overrides(dataclasses.replace(task, learning_rate=rate), model,
-                                           train_file, eval_file, seed, "dynamic")
+                    values = real_tasks.overrides(
+                        dataclasses.replace(task, learning_rate=rate), model, train_file,
+                        eval_file, seed, "dynamic")
                     values.update(finetune_extra, quiet=True)
-                    command = ftv.bertjax_command(task, workdir, values)
+                    command = real_tasks.bertjax_command(task, workdir, values)
                     report["commands"][run_name] = shown(command)
                     seconds = finetune(command, workdir, data_files, model)
                     with open(os.path.join(workdir, "eval_results.json")) as f:
@@ -639,6 +615,8 @@ def main():
     with open(os.path.join(args.out, "results.md"), "w") as f:
         f.write(markdown(report))
     print(markdown(report))
+    bench.figure("report", report)
+    bench.finish()
 
 
 if __name__ == "__main__":

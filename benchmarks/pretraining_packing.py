@@ -2,8 +2,8 @@
 rows (`data.examples_per_row`), on the embedded Austen corpus (long chapters) and on HKCanCor
 (conversational Cantonese, 20 short utterances a document: benchmarks/real_data.py).
 
-  PYTHONPATH=.:tests python benchmarks/pretraining_packing.py
-  PYTHONPATH=.:tests python benchmarks/pretraining_packing.py --rows=4096 --per_row=8
+  python -m benchmarks.pretraining_packing
+  python -m benchmarks.pretraining_packing --rows=4096 --per_row=8
 
 Each corpus is prepared as `python -m bertjax.prepare` does it (a SentencePiece model trained
 on it), and the first --rows rows of the training pipeline are read at each sequence length,
@@ -14,17 +14,15 @@ prediction slots filled are shown too.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 import time
 
 import numpy as np
 
+from benchmarks import harness
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 
 def prepared(name: str, out: str) -> str:
@@ -34,8 +32,7 @@ def prepared(name: str, out: str) -> str:
     if name == "austen":
         source = corpus_lib.Corpus()  # the embedded corpus
     else:
-        from benchmarks import cantonese_bert
-        from benchmarks import real_data
+        from benchmarks import cantonese_bert, real_data
         path = os.path.join(out, "hkcancor.jsonl")
         utterances = real_data.hkcancor()["train"]
         step = cantonese_bert.UTTERANCES_PER_DOCUMENT
@@ -69,26 +66,28 @@ def shares(directory: str, seq_len: int, per_row: int, rows: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default="/tmp/packbench")
+    parser = harness.parser(__doc__)
+    parser.add_argument("--out", default="/tmp/packbench", help="the prepared corpora")
     parser.add_argument("--rows", type=int, default=2048)
     parser.add_argument("--per_row", type=int, default=8, help="examples_per_row when packed")
     parser.add_argument("--seq_lengths", default="128,512")
     args = parser.parse_args()
-    print(f"# PYTHONPATH=.:tests python benchmarks/pretraining_packing.py --out={args.out} "
-          f"--rows={args.rows} --per_row={args.per_row} --seq_lengths={args.seq_lengths}")
-    print("| corpus | seq | real tokens per row: one example / packed | examples per row "
-          "packed | prediction slots filled packed | rows/s one / packed |")
-    print("|---|---|---|---|---|---|")
+    bench = harness.start(args)
+    table = bench.table(
+        f"the first {args.rows} rows, one example a row against up to {args.per_row} packed",
+        [("corpus", ""), ("seq", "d"), ("real tokens per row: one example", ".3f"),
+         ("packed", ".3f"), ("examples per row packed", ".2f"),
+         ("prediction slots filled packed", ".3f"), ("rows/s one", ".0f"),
+         ("rows/s packed", ".0f")])
     for name in ("austen", "hkcancor"):
         directory = prepared(name, args.out)
         for seq_len in map(int, args.seq_lengths.split(",")):
             one = shares(directory, seq_len, 1, args.rows)
             packed = shares(directory, seq_len, args.per_row, args.rows)
-            print(f"| {name} | {seq_len} | {one['real_tokens_per_row']:.3f} / "
-                  f"{packed['real_tokens_per_row']:.3f} | {packed['examples_per_row']:.2f} | "
-                  f"{packed['prediction_slots_filled']:.3f} | {one['rows_per_second']:.0f} / "
-                  f"{packed['rows_per_second']:.0f} |", flush=True)
+            table.row(name, seq_len, one["real_tokens_per_row"], packed["real_tokens_per_row"],
+                      packed["examples_per_row"], packed["prediction_slots_filled"],
+                      one["rows_per_second"], packed["rows_per_second"])
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Where the time of one training step goes: measured time by op family, pretraining and
 fine-tuning.
 
-  PYTHONPATH=. python benchmarks/profile_step.py                 # mini, B32, S128 (P20)
-  PYTHONPATH=. python benchmarks/profile_step.py --size=base --batch=8 --steps=2
-  PYTHONPATH=. python benchmarks/profile_step.py --dropout_rng=counter_hash
+  python -m benchmarks.profile_step                 # mini, B32, S128 (P20)
+  python -m benchmarks.profile_step --size=base --batch=8 --steps=2
+  python -m benchmarks.profile_step --dropout_rng=counter_hash
 
 Each step (bertjax's jitted `train_step`, as the trainer runs it, on one device) is traced
 with the JAX profiler. XLA's CPU runtime records one event per executed HLO op (a "thunk":
@@ -19,12 +19,10 @@ step's device arrays (what `Trainer.global_batch` does every step). The trace fi
 
 from __future__ import annotations
 
-import argparse
 import collections
 import os
 import re
 import resource
-import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -34,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-import train_step as bench  # noqa: E402  (benchmarks/: inputs and turn-taking timing)
+from benchmarks import harness, synthetic  # noqa: E402
 from bertjax import files, host_memory  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, BertForSequenceClassification  # noqa: E402
@@ -154,7 +152,7 @@ def family_table(durations: collections.Counter, hlo: dict, vocab_size: int,
 
 def pretraining_step(config, batch: int, seq_len: int, predictions: int):
     model = BertForPreTraining(config)
-    inputs = bench.make_inputs(batch, seq_len, predictions, config.vocab_size)
+    inputs = synthetic.pretraining_batch(batch, seq_len, predictions, config.vocab_size)
     schedule = optax.constant_schedule(1e-4)
     tx = optimizers.make_optimizer("bert_adamw", schedule, b1=0.9, b2=0.999, eps=1e-6,
                                    weight_decay=0.01, clip_norm=1.0)
@@ -199,8 +197,8 @@ def profile(label: str, built, config, steps: int, out: str, mesh, dropout_rng: 
         holder["state"], m = compiled(holder["state"], batch, rng)
         jax.block_until_ready(m)
 
-    seconds = bench.time_steps({"step": step, "place": place}, warmup=2, steps=steps,
-                               repeats=3)
+    seconds = harness.time_in_turns({"step": step, "place": place}, warmup=2, steps=steps,
+                                    repeats=3)
     # What the host allocator costs: page faults and kernel time over the same steps, after
     # the timing's warm-up (bertjax/host_memory.py says why they can be most of a step).
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -221,62 +219,43 @@ def profile(label: str, built, config, steps: int, out: str, mesh, dropout_rng: 
             "place_ms": 1e3 * seconds["place"], "batch": batch_size, "host": host}
 
 
-def cpu_model() -> str:
-    cpuinfo = "/proc/cpuinfo"
-    if files.path(cpuinfo).exists():
-        found = re.search(r"model name\s*:\s*(.*)", files.read_text(cpuinfo))
-        if found:
-            return f"{found.group(1).strip()}, {os.cpu_count()} cores"
-    return f"{jax.devices()[0].device_kind}, {os.cpu_count()} cores"
-
-
-def machine_line() -> str:
-    """Where a figure was measured: the CPU, the load, and the f32 matmul peak measured now
-    (figures compare only within one run)."""
-    peak = metrics.measure_matmul_flops(size=2048, repeats=5) / 1e9
-    return (f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-            f"measured f32 matmul peak {peak:.1f} GFLOP/s")
-
-
-def print_table(results: dict, flops: dict, peak: float) -> None:
+def tables(bench: harness.Run, results: dict, flops: dict, peak: float) -> None:
     families = [f for f, _ in FAMILIES]
-    print("\n| op family | " + " | ".join(f"{k} ms/step" for k in results) + " | "
-          + " | ".join(f"{k} %" for k in results) + " |")
-    print("|---|" + "---:|" * (2 * len(results)))
+    table = bench.table("time by op family", [("op family", "")]
+                        + [(f"{k} ms/step", ".1f") for k in results]
+                        + [(f"{k} %", ".1f") for k in results])
     for family in families + ["host-to-device (batch placement)"]:
         values, shares = [], []
         for r in results.values():
             total = sum(r["table"].values())
             ms = r["place_ms"] if family.startswith("host") else r["table"].get(family, 0.0)
-            values.append(f"{ms:.1f}")
-            shares.append(f"{100 * ms / total:.1f}")
-        print(f"| {family} | " + " | ".join(values) + " | " + " | ".join(shares) + " |")
-    print("| **sum of op time** | " + " | ".join(
-        f"{sum(r['table'].values()):.1f}" for r in results.values()) + " |" + " |" * len(results))
-    print("| **step wall time** | " + " | ".join(
-        f"{r['wall_ms']:.1f}" for r in results.values()) + " |" + " |" * len(results))
-    print()
+            values.append(ms)
+            shares.append(100 * ms / total)
+        table.row(family, *values, *shares)
+    none = [None] * len(results)
+    table.row("**sum of op time**", *(sum(r["table"].values()) for r in results.values()),
+              *none)
+    table.row("**step wall time**", *(r["wall_ms"] for r in results.values()), *none)
+    summary = bench.table(
+        "each step: its speed, its matmuls against the measured peak, and what the host "
+        "allocator costs",
+        [("step", ""), ("seq/s", ".1f"), ("MFU % of measured peak", ".1f"),
+         ("matmuls at peak ms", ".1f"), ("matmuls measured ms", ".1f"),
+         ("scratch MB a step", ".0f"), ("page faults a step", ",.0f"),
+         ("system ms a step", ".0f")])
     for key, r in results.items():
         ideal = 1e3 * flops[key] * r["batch"] / peak
         matmul = sum(v for k, v in r["table"].items() if k.startswith("matmul"))
-        print(f"{key}: {r['batch'] / r['wall_ms'] * 1e3:.1f} seq/s, MFU "
-              f"{100 * ideal / r['wall_ms']:.1f}% of the measured peak; its matmuls at peak "
-              f"would take {ideal:.1f} ms, measured {matmul:.1f} ms of op time")
         host = r["host"]
-        print(f"{key}: scratch memory {host['scratch_mb']:.0f} MB a step; "
-              f"{host['faults']:,.0f} page faults and {host['system_ms']:.0f} ms of system "
-              f"time a step")
+        summary.row(key, r["batch"] / r["wall_ms"] * 1e3, 100 * ideal / r["wall_ms"], ideal,
+                    matmul, host["scratch_mb"], host["faults"], host["system_ms"])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="mini")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--predictions", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=30522)
+    parser = harness.parser(__doc__)
+    harness.step_flags(parser)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--out", default="/tmp/bertjax_profile")
+    parser.add_argument("--out", default="/tmp/bertjax_profile", help="the trace files")
     parser.add_argument("--dropout_rng", default="threefry", choices=trainer.DROPOUT_RNGS,
                         help="model.dropout_rng of both steps")
     parser.add_argument("--host_memory", default="keep", choices=("keep", "release"),
@@ -288,14 +267,10 @@ def main() -> None:
 
     config = presets.preset(args.size, vocab_size=args.vocab)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    peak = metrics.measure_matmul_flops(size=2048, repeats=5)
-    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
-    print(f"machine: {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-          f"host memory: {args.host_memory}")
-    print(f"measured f32 matmul peak: {peak / 1e9:.1f} GFLOP/s")
-    print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
-          f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
-          f"seq {args.seq_len}, predictions {args.predictions}, dropout 0.1 "
+    bench = harness.start(args)
+    print(f"host memory: {args.host_memory}; model {args.size} (L{config.num_hidden_layers}/"
+          f"H{config.hidden_size}/A{config.num_attention_heads}, vocab {args.vocab}), batch "
+          f"{args.batch}, seq {args.seq_len}, predictions {args.predictions}, dropout 0.1 "
           f"({args.dropout_rng} bits), f32")
     results = {
         "pretrain": profile("pretrain", pretraining_step(config, args.batch, args.seq_len,
@@ -307,8 +282,9 @@ def main() -> None:
                                                                 args.predictions),
              "finetune": metrics.encoder_flops_per_sequence(
                  config, args.seq_len, BertForSequenceClassification.read_positions)}
-    print_table(results, flops, peak)
-    print(f"load average {os.getloadavg()[0]:.2f} (1 min) at the end; traces in {args.out}")
+    tables(bench, results, flops, bench.peak_flops)
+    print(f"traces in {args.out}")
+    bench.finish()
 
 
 if __name__ == "__main__":

