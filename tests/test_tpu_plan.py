@@ -61,11 +61,12 @@ def test_a_slice_it_cannot_shape_is_one_clear_error(name):
 def test_tiny_pretraining_compiles_for_v5e_and_v4_and_a_doubled_batch_costs_more():
     # 64 rows a chip: activations, which grow with the batch, outweigh XLA's fixed buffers.
     config = tiny_pretraining(**{"train.global_batch_size": 256})
+    # Each TPU compile costs tens of seconds here: the eval step is compiled once.
     v5e = plan_lib.compile_plan(config, "v5e:2x2")
-    v4 = plan_lib.compile_plan(config, "v4:2x2x1")
+    v4 = plan_lib.compile_plan(config, "v4:2x2x1", evaluation=False)
     doubled = plan_lib.compile_plan(config, "v5e:2x2", 2 * config.train.global_batch_size,
                                     evaluation=False)
-    for plan, steps in ((v5e, ["train step", "eval step"]), (v4, ["train step", "eval step"]),
+    for plan, steps in ((v5e, ["train step", "eval step"]), (v4, ["train step"]),
                         (doubled, ["train step"])):
         assert [s.name for s in plan.steps] == steps
         assert plan.compute_dtype == jnp.bfloat16  # what a TPU run computes in, not the CPU's
@@ -113,14 +114,14 @@ def test_the_batch_it_compiles_for_is_the_pipelines_batch(tmp_path):
             assert (spec[name].shape, spec[name].dtype) == (array.shape, array.dtype), name
 
 
-def test_a_finetuning_config_compiles_for_v5e_and_v4(tmp_path):
+def test_a_finetuning_config_compiles_for_a_v5e_slice(tmp_path):
+    # One slice: the pretraining test covers v4's topology.
     model = tiny_model_dir(str(tmp_path / "model"))
     data = classification_files(str(tmp_path))
     config = tiny_config(model, train_file=data["train"], eval_files=data["dev"])
-    for name in ("v5e:2x2", "v4:2x2x1"):
-        plan = plan_lib.compile_plan(config, name)
-        assert plan.fits and [s.name for s in plan.steps] == ["train step", "eval step"]
-        assert min(plan.steps[0].temp_bytes, plan.steps[0].flops) > 0
+    plan = plan_lib.compile_plan(config, "v5e:2x2")
+    assert plan.fits and [s.name for s in plan.steps] == ["train step", "eval step"]
+    assert min(plan.steps[0].temp_bytes, plan.steps[0].flops) > 0
     assert not os.path.exists(tmp_path / "workdir")
 
 
