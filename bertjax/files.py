@@ -44,12 +44,16 @@ def _missing(p: epath.Path, what: str) -> FileNotFoundError:
     return FileNotFoundError(f"{p}: no such {what}")
 
 
-def read_bytes(p: PathLike) -> bytes:
+def _existing_file(p: PathLike) -> epath.Path:
     p = path(p)
     if not p.is_file():
         raise _missing(p, "file") if not p.exists() else IsADirectoryError(
             f"{p} is a directory, expected a file")
-    return p.read_bytes()
+    return p
+
+
+def read_bytes(p: PathLike) -> bytes:
+    return _existing_file(p).read_bytes()
 
 
 def read_text(p: PathLike) -> str:
@@ -91,12 +95,25 @@ class _RawReader(io.RawIOBase):
 @contextlib.contextmanager
 def open_binary(p: PathLike) -> Iterator[Any]:
     """A binary stream for reading a file piece by piece (corpora larger than memory)."""
-    p = path(p)
-    if not p.is_file():
-        raise _missing(p, "file") if not p.exists() else IsADirectoryError(
-            f"{p} is a directory, expected a file")
+    p = _existing_file(p)
     with p.open("rb") as f:
         yield io.BufferedReader(_RawReader(f), 1 << 20) if is_remote(p) else f
+
+
+@contextlib.contextmanager
+def local_copy(p: PathLike) -> Iterator[str]:
+    """A local path to read `p` from, for libraries that open files by name only (safetensors'
+    and PyTorch's memory maps): `p` itself on a local disk, a temporary copy of a remote file,
+    removed on exit."""
+    p = _existing_file(p)
+    if not is_remote(p):
+        yield os.fspath(p)
+        return
+    with tempfile.TemporaryDirectory(prefix="bertjax-copy-") as local:
+        copy = os.path.join(local, p.name)
+        with open_binary(p) as source, open(copy, "wb") as target:
+            shutil.copyfileobj(source, target, 16 << 20)
+        yield copy
 
 
 def size(p: PathLike) -> int:

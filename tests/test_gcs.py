@@ -1,6 +1,6 @@
 """Every path a gs:// URL, for real: prepare -> pretrain (a checkpoint, then a resume) -> the
-exported model -> fine-tune -> predict, against a local Cloud Storage emulator
-(tests/gcs_emulator.py) that the test starts on 127.0.0.1.
+exported model -> fine-tune -> predict, and conversion between the three checkpoint formats,
+against a local Cloud Storage emulator (tests/gcs_emulator.py) that the test starts on 127.0.0.1.
 
 Each library reaches the emulator through its own documented setting, except TensorFlow's GCS
 client, which has none and is reached through an HTTPS proxy that sends googleapis.com to the
@@ -13,15 +13,17 @@ import os
 import subprocess
 import tempfile
 
+import numpy as np
 import pytest
 
 import gcs_emulator
 from config_commands import ROOT, parse
-from bertjax import main
+from bertjax import convert, main
+from bertjax.convert import params as cparams
 from bertjax.data import corpus as corpus_lib
 from bertjax.data import preparation
 from bertjax.training import inference
-from finetune_helpers import classification_files
+from finetune_helpers import classification_files, tiny_model_dir
 from benchmarks.task_data import MINILM_DIR, austen_paragraphs
 
 BUCKET = "bertjax-test"
@@ -108,3 +110,36 @@ def test_prepare_pretrain_resume_finetune_predict_all_on_gcs(gcs, tmp_path, monk
     records = predictor.predict(predictor.examples_from_file(f"{root}/task/test.tsv"))
     assert len(records) == 20 and {r["prediction"] for r in records} <= {"long", "short"}
     assert _untracked() == before  # nothing landed in the checkout
+
+
+def test_convert_reads_and_writes_gcs(gcs, tmp_path, monkeypatch):
+    """bertjax -> Hugging Face -> bertjax -> TF -> bertjax with every input and output in the
+    bucket gives the files and parameters the same conversions give on a local disk."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # local staging stays in here
+    quiet = dict(log=lambda _: None, warn=lambda _: None)
+    start = tiny_model_dir(str(tmp_path / "start"))
+    chain = [("bertjax", "hf"), ("hf", "bertjax"), ("bertjax", "tf"), ("tf", "bertjax")]
+    outputs = {}
+    for where, root in (("local", str(tmp_path / "local")), ("gcs", f"gs://{BUCKET}")):
+        source = start
+        for i, (src, dst) in enumerate(chain):
+            # The last step writes to a local disk, where the two chains are compared.
+            output = (f"{root}/{i}-{dst}" if i < len(chain) - 1
+                      else str(tmp_path / where / "end"))
+            convert.convert(source, output, src=src, dst=dst, **quiet)
+            source = output
+        outputs[where] = source
+
+    local = tmp_path / "local"
+    for name in ("model.safetensors", "config.json", "vocab.txt"):
+        assert gcs.download(BUCKET, f"0-hf/{name}") == (local / "0-hf" / name).read_bytes(), name
+    uploaded = set(gcs.objects(BUCKET, ""))
+    assert {"1-bertjax/config.json", "1-bertjax/vocab.txt", "2-tf/bert_config.json",
+            "2-tf/bert_model.ckpt.index", "2-tf/checkpoint", "2-tf/vocab.txt"} <= uploaded
+    want = cparams.flatten(convert.read("bertjax", outputs["local"]).params)
+    got = cparams.flatten(convert.read("bertjax", outputs["gcs"]).params)
+    assert want.keys() == got.keys()
+    for path in want:
+        np.testing.assert_array_equal(got[path], want[path], err_msg=path)
+    assert (tmp_path / "gcs" / "end" / "vocab.txt").read_bytes() == (
+        tmp_path / "start" / "vocab.txt").read_bytes()

@@ -6,14 +6,15 @@
     python -m bertjax.convert --to=tf --input=MODEL_DIR --output=TF_DIR
 
 Conversion is the rename table in `table.py` plus reshapes; see `params.py` for the checks.
+Inputs and outputs may be local or gs:// paths: every file goes through `bertjax.files`.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 
-from bertjax.convert import files
+from bertjax import files
+from bertjax.convert import result
 from bertjax.convert.params import Log
 from bertjax.convert.result import Converted
 from bertjax.models.heads import BertForPreTraining, param_shapes
@@ -36,21 +37,21 @@ def read_bertjax(path: str) -> Converted:
     model = (Bert2Bert(source.config, tie_encoder_decoder=is_tied(stored))
              if "decoder" in stored else BertForPreTraining(source.config))
     params = source.load_params(checkpoints.on_first_device(param_shapes(model)))
-    return Converted(source.config, params, [], files.tokenizer_files(source.tokenizer_dir))
+    return Converted(source.config, params, [], result.tokenizer_files(source.tokenizer_dir))
 
 
 def write_bertjax(directory: str, converted: Converted, overwrite: bool = False,
                   log: Log = print) -> str:
     log(f"writing the model directory {directory}")
     return checkpoints.save_model(directory, converted.params, converted.config,
-                                  files.CopyTokenizer(converted.tokenizer_files), overwrite)
+                                  result.CopiedTokenizer(converted.tokenizer_files), overwrite)
 
 
 def read(fmt: str, path: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
     """The checkpoint at `path` in format `fmt`. Tensors of heads bertjax does not have (task
     classifiers) are skipped and listed in `.skipped`, or refused if `strict`."""
     from bertjax.convert import hf, tf
-    if not os.path.exists(path) and not os.path.exists(path + ".index"):
+    if not files.path(path).exists() and not files.path(path + ".index").exists():
         raise FileNotFoundError(f"{path}: no such directory")
     if fmt == "hf":
         return hf.read_hf(path, seed, log, strict)
@@ -78,7 +79,7 @@ def convert(input_path: str, output_path: str, src: str = "bertjax", dst: str = 
     have are left out (refused if `strict`); both are reported via `warn`."""
     if src == dst:
         raise ValueError(f"--from and --to are both {src!r}: nothing to convert")
-    files.check_output(output_path, overwrite)
+    result.check_output(output_path, overwrite)
     converted = read(src, input_path, seed, log, strict)
     if converted.skipped:
         warn(f"warning: {input_path} has heads bertjax does not convert; left out (--strict "
@@ -87,7 +88,7 @@ def convert(input_path: str, output_path: str, src: str = "bertjax", dst: str = 
         warn(f"warning: {input_path} lacks these tensors; initialised fresh (seed {seed}): "
              + ", ".join(converted.fresh))
     if not converted.tokenizer_files:
-        warn(f"warning: no tokenizer file ({', '.join(files.TOKENIZER_FILES)}) in "
+        warn(f"warning: no tokenizer file ({', '.join(result.TOKENIZER_FILES)}) in "
              f"{input_path}; the output has none")
     write(dst, output_path, converted, overwrite, log)
     log(f"done: {output_path}")

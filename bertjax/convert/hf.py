@@ -12,15 +12,16 @@ reads as a `seq2seq.Bert2Bert`, and a Bert2Bert's params write as one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
-import shutil
 
 import numpy as np
 
-from bertjax.convert import files, table
+from bertjax import files
+from bertjax.convert import table
 from bertjax.convert.params import Log, read_params, write_tensors
-from bertjax.convert.result import Converted
+from bertjax.convert.result import Converted, CopiedTokenizer, output_directory, tokenizer_files
 from bertjax.models.bert import BertConfig
 from bertjax.models.seq2seq import Bert2Bert, is_tied
 
@@ -85,10 +86,11 @@ def _normalise_norms(key: str) -> str:
 
 
 class HFSource:
-    """The tensors of a Hugging Face checkpoint under normalised names, loaded on demand."""
+    """The tensors of a Hugging Face checkpoint under normalised names, loaded on demand from
+    files that stay open until `opened` closes."""
 
-    def __init__(self, directory: str, normalise=_normalise):
-        self.path, self._load, self._shape, keys = _open(directory)
+    def __init__(self, directory: str, opened: contextlib.ExitStack, normalise=_normalise):
+        self.path, self._load, self._shape, keys = _open(directory, opened)
         self._raw: dict[str, str] = {}
         for key in keys:
             name = normalise(key)
@@ -116,33 +118,37 @@ class HFSource:
         self._raw[new_name] = self._raw.pop(name)
 
 
-def _safe_open(path: str):
+def _safe_open(path: str, opened: contextlib.ExitStack):
     from safetensors import safe_open
+    local = opened.enter_context(files.local_copy(path))
     try:
-        return safe_open(path, "np")
+        return safe_open(local, "np")
     except Exception as e:  # noqa: BLE001 - safetensors' own error type for bad files
         raise ValueError(f"{path} is not a readable safetensors file ({e}); it may be "
                          f"truncated or damaged") from None
 
 
-def _open(directory: str):
-    """(path, load(key), shape(key), keys) of the weights file(s) in `directory`."""
-    path = os.path.join(directory, SAFETENSORS)
-    if os.path.isfile(path):
-        handle = _safe_open(path)
+def _open(directory: str, opened: contextlib.ExitStack):
+    """(path, load(key), shape(key), keys) of the weights file(s) in `directory`. Both
+    libraries map files by name: a remote file is read from a local copy (`files.local_copy`)
+    that `opened` removes."""
+    directory = files.path(directory)
+    path = str(directory / SAFETENSORS)
+    if files.path(path).is_file():
+        handle = _safe_open(path, opened)
         return (path, handle.get_tensor, lambda k: handle.get_slice(k).get_shape(),
                 list(handle.keys()))
-    path = os.path.join(directory, SAFETENSORS_INDEX)
-    if os.path.isfile(path):
+    path = str(directory / SAFETENSORS_INDEX)
+    if files.path(path).is_file():
         weight_map = files.read_json(path).get("weight_map")
         if not isinstance(weight_map, dict):
             raise ValueError(f"{path}: no 'weight_map' object")
-        handles = {f: _safe_open(os.path.join(directory, f))
+        handles = {f: _safe_open(str(directory / f), opened)
                    for f in sorted(set(weight_map.values()))}
         return (path, lambda k: handles[weight_map[k]].get_tensor(k),
                 lambda k: handles[weight_map[k]].get_slice(k).get_shape(), list(weight_map))
-    path = os.path.join(directory, TORCH_BIN)
-    if os.path.isfile(path):
+    path = str(directory / TORCH_BIN)
+    if files.path(path).is_file():
         try:
             import torch
         except ImportError:
@@ -150,7 +156,8 @@ def _open(directory: str):
                               f"installed; install torch, or save the model as "
                               f"{SAFETENSORS}") from None
         # mmap: tensors are paged in one at a time as they are converted.
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        state = torch.load(opened.enter_context(files.local_copy(path)), map_location="cpu",
+                           weights_only=True, mmap=True)
         return (path, lambda k: state[k].to(torch.float32).numpy(), lambda k: state[k].shape,
                 list(state))
     raise FileNotFoundError(f"{directory}: no {SAFETENSORS}, {SAFETENSORS_INDEX} or "
@@ -201,10 +208,10 @@ def _encoder_decoder_config(hf: dict, path: str) -> BertConfig:
 
 
 def _read_encoder_decoder(directory: str, hf: dict, config_path: str, seed: int, log: Log,
-                          strict: bool) -> Converted:
+                          strict: bool, opened: contextlib.ExitStack) -> Converted:
     config = _encoder_decoder_config(hf, config_path)
     tied = bool(hf.get("tie_encoder_decoder", False))
-    source = HFSource(directory, _normalise_norms)
+    source = HFSource(directory, opened, _normalise_norms)
     if tied:
         _drop_shared(source, config.num_hidden_layers, log)
     words = (table.HF_WORD_EMBEDDINGS.replace("bert.", "encoder.", 1) if tied
@@ -216,7 +223,7 @@ def _read_encoder_decoder(directory: str, hf: dict, config_path: str, seed: int,
         model=Bert2Bert(config, tie_encoder_decoder=tied),
         rows=table.encoder_decoder(config.num_hidden_layers, tied),
         encoder_prefixes=table.ED_PREFIXES)
-    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
+    return Converted(config, params, fresh, tokenizer_files(directory), skipped)
 
 
 def _drop_shared(source: HFSource, num_hidden_layers: int, log: Log) -> None:
@@ -240,23 +247,23 @@ def _drop_shared(source: HFSource, num_hidden_layers: int, log: Log) -> None:
 
 
 def read_hf(directory: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
-    config_path = os.path.join(directory, "config.json")
+    config_path = str(files.path(directory) / "config.json")
     hf = files.read_json(config_path)
-    if hf.get("model_type") == "encoder-decoder":
-        return _read_encoder_decoder(directory, hf, config_path, seed, log, strict)
-    config = config_from_hf(hf, config_path)
-    source = HFSource(directory)
-    _resolve_tied(source, log)
-    params, fresh, skipped = read_params(config, source, "hf", seed, log, strict)
-    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
+    with contextlib.ExitStack() as opened:
+        if hf.get("model_type") == "encoder-decoder":
+            return _read_encoder_decoder(directory, hf, config_path, seed, log, strict, opened)
+        config = config_from_hf(hf, config_path)
+        source = HFSource(directory, opened)
+        _resolve_tied(source, log)
+        params, fresh, skipped = read_params(config, source, "hf", seed, log, strict)
+    return Converted(config, params, fresh, tokenizer_files(directory), skipped)
 
 
 def _pad_id(tokenizer_paths: list[str]) -> int | None:
-    vocab = [p for p in tokenizer_paths if os.path.basename(p) == "vocab.txt"]
+    vocab = [p for p in tokenizer_paths if files.path(p).name == "vocab.txt"]
     if not vocab:
         return None
-    with open(vocab[0], encoding="utf-8") as f:
-        tokens = [line.rstrip("\n") for line in f]
+    tokens = files.read_text(vocab[0]).split("\n")
     return tokens.index("[PAD]") if "[PAD]" in tokens else None
 
 
@@ -286,12 +293,12 @@ def write_hf(directory: str, converted: Converted, overwrite: bool = False,
             tensors[table.HF_DECODER_WEIGHT] = tensors[table.HF_WORD_EMBEDDINGS]
             tensors[table.HF_DECODER_BIAS] = tensors[table.HF_MLM_BIAS]
         hf_config = config_to_hf(config, "BertForPreTraining" if heads else "BertModel", pad_id)
-    with files.atomic_directory(directory, overwrite) as tmp:
-        log(f"writing {len(tensors)} tensors to {os.path.join(directory, SAFETENSORS)}")
-        save_file(tensors, os.path.join(tmp, SAFETENSORS), metadata={"format": "pt"})
-        os.chmod(os.path.join(tmp, SAFETENSORS), 0o644)  # safetensors creates it owner-only
-        files.write_json(os.path.join(tmp, "config.json"), hf_config)
-        for p in converted.tokenizer_files:
-            shutil.copy(p, tmp)
-    return os.path.abspath(directory)
+    with output_directory(directory, overwrite, marker="config.json") as stage:
+        log(f"writing {len(tensors)} tensors to {files.path(directory) / SAFETENSORS}")
+        save_file(tensors, os.path.join(stage, SAFETENSORS), metadata={"format": "pt"})
+        os.chmod(os.path.join(stage, SAFETENSORS), 0o644)  # safetensors creates it owner-only
+        files.write_json(os.path.join(stage, "config.json"), hf_config, indent=2,
+                         sort_keys=True)
+        CopiedTokenizer(converted.tokenizer_files).save(stage)
+    return str(files.path(directory))
 

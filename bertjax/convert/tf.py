@@ -3,19 +3,19 @@
 Reads with `tf.train.load_checkpoint` and writes with the same `SaveV2` op `tf.compat.v1`'s
 Saver uses, so the variables carry exactly the original names (`bert/encoder/layer_0/...`)
 and `run_pretraining.py` / `run_classifier.py` can `init_checkpoint` from the output.
+TensorFlow reads gs:// itself, through the same Cloud Storage client as `bertjax.files`.
 """
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 
 import numpy as np
 
-from bertjax.convert import files, table
+from bertjax import files
+from bertjax.convert import table
 from bertjax.convert.params import Log, read_params, write_tensors
-from bertjax.convert.result import Converted
+from bertjax.convert.result import Converted, CopiedTokenizer, output_directory, tokenizer_files
 from bertjax.models.bert import BertConfig
 
 CONFIG_FILE = "bert_config.json"
@@ -29,22 +29,22 @@ def _tf():
 
 def find_checkpoint(path: str) -> str:
     """The checkpoint prefix at `path`: a prefix itself, or a directory holding one."""
-    if os.path.isfile(path + ".index"):
+    if files.path(path + ".index").is_file():
         return path
-    if not os.path.isdir(path):
+    if not files.path(path).is_dir():
         raise FileNotFoundError(f"{path}: neither a directory nor a TF checkpoint prefix "
                                 f"({path}.index does not exist)")
-    preferred = os.path.join(path, CHECKPOINT_NAME)
-    if os.path.isfile(preferred + ".index"):
+    preferred = str(files.path(path) / CHECKPOINT_NAME)
+    if files.path(preferred + ".index").is_file():
         return preferred
     latest = _tf().train.latest_checkpoint(path)
     if latest:
         return latest
-    found = sorted(glob.glob(os.path.join(path, "*.index")))
+    found = files.glob(str(files.path(path) / "*.index"))
     if len(found) != 1:
         raise FileNotFoundError(
             f"{path}: expected one TF checkpoint ({CHECKPOINT_NAME}.index), found "
-            f"{[os.path.basename(f) for f in found] or 'none'}")
+            f"{[files.path(f).name for f in found] or 'none'}")
     return found[0][: -len(".index")]
 
 
@@ -76,14 +76,14 @@ class TFSource:
 
 def read_tf(path: str, seed: int = 0, log: Log = print, strict: bool = False) -> Converted:
     prefix = find_checkpoint(path)
-    directory = path if os.path.isdir(path) else os.path.dirname(prefix)
-    config_path = os.path.join(directory, CONFIG_FILE)
+    directory = path if files.path(path).is_dir() else str(files.path(prefix).parent)
+    config_path = str(files.path(directory) / CONFIG_FILE)
     try:
         config = BertConfig.from_dict(files.read_json(config_path))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{config_path}: {e}") from None
     params, fresh, skipped = read_params(config, TFSource(prefix, log), "tf", seed, log, strict)
-    return Converted(config, params, fresh, files.tokenizer_files(directory), skipped)
+    return Converted(config, params, fresh, tokenizer_files(directory), skipped)
 
 
 def write_tf(directory: str, converted: Converted, overwrite: bool = False,
@@ -93,15 +93,14 @@ def write_tf(directory: str, converted: Converted, overwrite: bool = False,
     names, tensors = zip(*write_tensors(config, converted.params, "tf", log))
     values = config.to_dict()
     del values["pre_layer_norm"]  # always False here: write_tensors checked it
-    with files.atomic_directory(directory, overwrite) as tmp:
-        log(f"writing {len(names)} variables to {os.path.join(directory, CHECKPOINT_NAME)}")
-        tf.raw_ops.SaveV2(prefix=os.path.join(tmp, CHECKPOINT_NAME), tensor_names=list(names),
+    with output_directory(directory, overwrite, marker=CONFIG_FILE) as stage:
+        log(f"writing {len(names)} variables to {files.path(directory) / CHECKPOINT_NAME}")
+        tf.raw_ops.SaveV2(prefix=os.path.join(stage, CHECKPOINT_NAME), tensor_names=list(names),
                           shape_and_slices=[""] * len(names), tensors=list(tensors))
         # The state file `tf.train.latest_checkpoint` looks for; relative, so it moves along.
-        with open(os.path.join(tmp, "checkpoint"), "w") as f:
-            f.write(f'model_checkpoint_path: "{CHECKPOINT_NAME}"\n'
-                    f'all_model_checkpoint_paths: "{CHECKPOINT_NAME}"\n')
-        files.write_json(os.path.join(tmp, CONFIG_FILE), values)
-        for p in converted.tokenizer_files:
-            shutil.copy(p, tmp)
-    return os.path.abspath(directory)
+        files.write_text(os.path.join(stage, "checkpoint"),
+                         f'model_checkpoint_path: "{CHECKPOINT_NAME}"\n'
+                         f'all_model_checkpoint_paths: "{CHECKPOINT_NAME}"\n')
+        files.write_json(os.path.join(stage, CONFIG_FILE), values, indent=2, sort_keys=True)
+        CopiedTokenizer(converted.tokenizer_files).save(stage)
+    return str(files.path(directory))
