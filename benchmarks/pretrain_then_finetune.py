@@ -312,7 +312,8 @@ def adapt_to_task(name: str, train_file: str, model_dir: str, shard_dir: str,
     command = main_command("configs/tiny.py", workdir, {
         **pretrain_values, "data.shard_dir": shards, "init_checkpoint": model_dir, **ADAPT,
         "data.heldout_fraction": heldout, "train.num_steps": steps,
-        "train.eval_every": every if heldout else 0, "train.checkpoint_every": every})
+        "train.evaluate": bool(heldout), "train.eval_every": every,
+        "train.checkpoint_every": every})
     record["command"] = shown(command)
     seconds_file = workdir + "-seconds.json"
     if not os.path.exists(os.path.join(workdir, "model")):
@@ -524,7 +525,7 @@ def main():
     random_init = os.path.join(args.out, "random_init")
     command = main_command("configs/tiny.py", random_init, {
         **pretrain_values, "train.num_steps": 1, "optimizer.learning_rate": 0.0,
-        "train.eval_every": 0, "train.checkpoint_every": 1})
+        "train.evaluate": False, "train.checkpoint_every": 1})
     report["commands"]["random_init"] = shown(command)
     if not os.path.exists(os.path.join(random_init, "model")):
         run(command, os.path.join(args.out, "random_init.log"))

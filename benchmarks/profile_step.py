@@ -39,7 +39,7 @@ from bertjax.models.heads import BertForPreTraining, BertForSequenceClassificati
 from bertjax.tasks import base as tasks  # noqa: E402
 from bertjax.training import finetune, finetune_config, metrics, optimizers, pretrain  # noqa: E402
 from bertjax.training import sharding, trainer  # noqa: E402
-from bertjax.training.pretrain_config import DEFAULT_RULES  # noqa: E402
+from bertjax.training.config_sections import DEFAULT_RULES  # noqa: E402
 
 # (family, rule) in the order a fused op is tested. A rule sees the op's `Parts`.
 FAMILIES = (

@@ -44,7 +44,7 @@ import optax  # noqa: E402
 from benchmarks import harness  # noqa: E402
 from bertjax.models import presets  # noqa: E402
 from bertjax.models.heads import BertForPreTraining, init_params  # noqa: E402
-from bertjax.training import (optimizers, plan, pretrain, pretrain_config, sharding,  # noqa: E402
+from bertjax.training import (config_sections, optimizers, plan, pretrain, sharding,  # noqa: E402
                               trainer)
 
 VARIANTS = {  # name: (attention, attention_probs_dropout_prob)
@@ -157,7 +157,7 @@ def main() -> None:
         [("seq", "d"), ("attention", ""), ("[B,H,L,L] kept", ""), ("temp GiB", ".2f"),
          ("args GiB", ".2f"), ("GFLOP (XLA)", ".1f"), ("+ kernel GFLOP", ".1f"),
          ("compile s", ".0f")])
-    rules = pretrain_config.DEFAULT_RULES
+    rules = config_sections.DEFAULT_RULES
     for seq_len in (int(s) for s in args.seq_lens.split(",")):
         for name in args.variants.split(","):
             attention, dropout = VARIANTS[name]
