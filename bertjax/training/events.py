@@ -5,6 +5,20 @@ summary `tf.summary.scalar` writes, and its record writer), not through TensorFl
 needs TensorFlow for nothing else, and importing it cost a run seconds at start and at exit.
 The files go through the one file layer (`files.AppendedFile`), so they live wherever the
 workdir does; TensorBoard and `tf.data.TFRecordDataset` read them as TensorFlow's own.
+
+A resumed run cuts the files back to its checkpoint's step (`truncate`) rather than leaving
+that to TensorBoard, whose own means do not cover every reader. Tried with tensorboard 2.21 and
+its data server 0.7.2: a killed run logged `loss` at steps 1-8 and `eval` at step 6, and the
+run resumed from step 4 logged `loss` at 5 and 6 again.
+  - A `SessionLog.START` event at step 5 (TensorBoard's mark of a restart) made its Python
+    loader (`tensorboard --load_fast=false`) drop every tag's steps from 5 on; without one it
+    showed both runs' steps.
+  - Its default loader, the Rust data server, ignores SessionLog. It drops a tag's later steps
+    only when that tag is logged again at an earlier step: it showed the resumed `loss` (old
+    5-8 gone) but kept the killed run's `eval` at step 6, with or without the START event,
+    until the resumed run logs `eval` at 6 again (never, if it stops or dies before).
+  - TensorFlow's readers (`tf.data.TFRecordDataset`, `summary_iterator`) keep every record.
+Cut back, the files read the same in all of them from the moment the run resumes.
 """
 
 from __future__ import annotations
