@@ -153,7 +153,7 @@ def packed_rows_per_step(task: Task, values: dict) -> int:
     takes."""
     from bertjax.data.tokenizers import load_tokenizer
     from bertjax.tasks import base as tasks
-    from bertjax.tasks.features import pack_rows
+    from bertjax.batching import pack_rows
     from bertjax.training import finetune_config
     config = task_config(task, values)
     kind = finetune_config.validate(config)

@@ -35,11 +35,11 @@ import numpy as np
 
 from benchmarks import harness, real_data
 from benchmarks.task_data import wordpiece
+from bertjax.batching import PACKED_ARRAYS, bucket_length, pack_rows
 from bertjax.models import presets
 from bertjax.models.heads import BertForSequenceClassification, init_params
 from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
-from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows
 from bertjax.training import finetune, finetune_config, trainer
 
 
@@ -47,7 +47,8 @@ def shares(mask: np.ndarray, batch: int, buckets: tuple[int, ...], per_row: int)
     real = int(mask.sum())
     order = finetune.epoch_order(len(mask), 0, 0)
     batches = [order[i:i + batch] for i in range(0, len(order) - batch + 1, batch)]
-    bucketed = sum(len(rows) * bucket_length(mask[rows], buckets) for rows in batches)
+    bucketed = sum(len(rows) * bucket_length({"input_mask": mask[rows]}, buckets)
+                   for rows in batches)
     kept = sum(int(mask[rows].sum()) for rows in batches)
     packed = pack_rows({"input_mask": mask, "input_ids": mask, "segment_ids": mask}, (),
                        per_row)["input_mask"]
@@ -67,7 +68,7 @@ def training_speed(arrays: dict, args, buckets: tuple[int, ...]) -> dict[str, fl
     state = trainer.TrainState(jax.numpy.zeros((), jax.numpy.int32), params, tx.init(params))
     keys = tasks.INPUTS + task.targets
     packed = pack_rows(arrays, task.targets, args.examples_per_row)
-    packed_keys = keys + PACKING_INPUTS + ("example_weights",)
+    packed_keys = keys + PACKED_ARRAYS
     kinds = {}
     for name, source, source_keys, cut in (("padded", arrays, keys, ()),
                                            ("bucketed", arrays, keys, buckets),

@@ -58,7 +58,7 @@ def shares(directory: str, seq_len: int, per_row: int, rows: int) -> dict:
     seconds = time.perf_counter() - start
     mask = np.concatenate([b["input_mask"] for b in batches])
     weights = np.concatenate([b["masked_lm_weights"] for b in batches])
-    examples = (np.concatenate([b["next_sentence_weights"] for b in batches]).sum()
+    examples = (np.concatenate([b["example_weights"] for b in batches]).sum()
                 if per_row > 1 else len(mask))
     return {"real_tokens_per_row": float(mask.mean()), "examples_per_row": examples / len(mask),
             "prediction_slots_filled": float((weights > 0).mean()),

@@ -12,10 +12,10 @@ import numpy as np
 import optax
 import pytest
 
+from bertjax.batching import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.models.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
-from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.tasks.tagging import TaggedSentence, tag_vocab, tagging_features
 from bertjax.training import finetune, trainer
 from bertjax.training.inference import TaskPredictor
@@ -37,10 +37,10 @@ def features():
 def test_a_batch_is_cut_to_the_shortest_bucket_that_holds_its_longest_example(features):
     longest = int(features["input_mask"].sum(1).max())
     assert longest < 32
-    assert bucket_length(features["input_mask"], (8, 32, 48)) == 32
-    assert bucket_length(features["input_mask"], (8, longest)) == longest
-    assert bucket_length(features["input_mask"], (8,)) == 64  # none holds it
-    cut = trim(features, 32, 64)
+    assert bucket_length(features, (8, 32, 48)) == 32
+    assert bucket_length(features, (8, longest)) == longest
+    assert bucket_length(features, (8,)) == 64  # none holds it
+    cut = trim(features, 32)
     assert cut["input_ids"].shape == (12, 32) and cut["label"].shape == (12,)
     np.testing.assert_array_equal(cut["input_mask"].sum(1), features["input_mask"].sum(1))
 
@@ -72,7 +72,8 @@ def test_bucketed_evaluation_gives_every_row_its_padded_outputs_in_order(feature
     # 12 rows, 3 batches of 5 (the last padded with a repeated row), each cut to its bucket;
     # the first to 10, and the ten-wide output was not taken for positions.
     lengths = np.sort(features["input_mask"].sum(1))
-    cut_to = [bucket_length(np.ones((1, n)), (10, 16, 32)) for n in lengths[[4, 9, 11]]]
+    cut_to = [bucket_length({"input_mask": np.ones((1, n))}, (10, 16, 32))
+              for n in lengths[[4, 9, 11]]]
     assert cut_to[0] == 10
     assert [shape[1] for shape in calls if shape[1] != 64] == cut_to
 
@@ -92,7 +93,7 @@ def test_bucketed_batch_gives_the_padded_batch_per_example_losses(features):
         logits_BC = model.apply({"params": params}, *(batch[k] for k in tasks.INPUTS))
         return optax.softmax_cross_entropy_with_integer_labels(logits_BC, batch["label"])
 
-    cut = trim(features, bucket_length(features["input_mask"], (32, 48)), 64)
+    cut = trim(features, bucket_length(features, (32, 48)))
     assert cut["input_ids"].shape[1] == 32
     np.testing.assert_allclose(per_example(params, cut), per_example(params, features),
                                rtol=1e-5, atol=1e-6)

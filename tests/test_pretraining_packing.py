@@ -16,7 +16,7 @@ from bertjax.data import pretraining, shards
 from bertjax.data.examples import Recipe
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
-from bertjax.training import metrics, trainer
+from bertjax.training import metrics
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 VOCAB = pretraining.Vocab(size=99, pad_id=PAD, unk_id=UNK, cls_id=CLS, sep_id=SEP,
@@ -58,9 +58,9 @@ def _examples(rows, packed):
             if packed:
                 at = np.flatnonzero(rows["example_ids"][r] == k + 1)
                 if not len(at):
-                    assert rows["next_sentence_weights"][r, k] == 0
+                    assert rows["example_weights"][r, k] == 0
                     continue
-                assert rows["next_sentence_weights"][r, k] == 1
+                assert rows["example_weights"][r, k] == 1
                 assert rows["cls_positions"][r, k] == at[0]
                 assert list(rows["position_ids"][r, at]) == list(range(len(at)))
                 label = rows["next_sentence_labels"][r, k]
@@ -100,7 +100,7 @@ def _per_example_losses(params, model, rows, packed):
         # Each prediction belongs to the example whose token it is.
         owner = jnp.take_along_axis(rows["example_ids"], rows["masked_lm_positions"], 1) - 1
         mlm = jnp.sum(mlm[:, :, None] * (owner[:, :, None] == jnp.arange(K)), axis=1)
-        nsp = nsp * rows["next_sentence_weights"]
+        nsp = nsp * rows["example_weights"]
         return mlm, nsp
     return mlm.sum(-1), nsp
 
@@ -117,7 +117,7 @@ def test_packed_batch_gives_each_example_its_padded_loss_and_gradient(short_docu
     # Per example, matched by content (identical examples have identical losses).
     mlm_p, nsp_p = _per_example_losses(params, model, padded, False)
     mlm_k, nsp_k = _per_example_losses(params, model, packed, True)
-    filled = np.argwhere(packed["next_sentence_weights"] > 0)  # (row, slot), row-major
+    filled = np.argwhere(packed["example_weights"] > 0)  # (row, slot), row-major
     alone = sorted(zip(_examples(padded, False), np.asarray(mlm_p), np.asarray(nsp_p)),
                    key=lambda x: x[0])
     together = sorted(zip(_examples(packed, True), np.asarray(mlm_k)[tuple(filled.T)],
@@ -157,8 +157,8 @@ def test_a_packed_stream_resumes_at_the_next_row(short_documents):
 
 def test_the_progress_line_counts_packed_examples_not_rows(short_documents, tmp_path, monkeypatch):
     packed = _block(short_documents, K)
-    rows, examples = len(packed["input_ids"]), int(packed["next_sentence_weights"].sum())
-    assert int(trainer.packed_example_count(jnp.asarray(packed["example_ids"]))) == examples
+    rows, examples = len(packed["input_ids"]), int(packed["example_weights"].sum())
+    assert packed["example_ids"].max(1).sum() == examples  # ids 1..k in each row
     assert examples > 2 * rows
 
     clock = iter(float(t) for t in range(100))  # one step a second

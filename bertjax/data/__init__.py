@@ -3,6 +3,8 @@
 import functools
 import os
 
+from bertjax.batching import PACKED_ARRAYS
+
 # Every module of this package imports TensorFlow: quiet before the first import. Both are
 # needed: TensorFlow announces its oneDNN kernels on stderr whatever the log level.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -11,8 +13,8 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 # A pretraining batch: the original release's names.
 FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
             "masked_lm_weights", "next_sentence_labels")
-# Packed rows (data.examples_per_row > 1, packing.py) also carry these.
-PACKED_FEATURES = ("position_ids", "example_ids", "cls_positions", "next_sentence_weights")
+# Packed rows (data.examples_per_row > 1, packing.py) also carry the batching contract's.
+PACKED_FEATURES = PACKED_ARRAYS
 
 
 @functools.cache

@@ -1,21 +1,24 @@
-"""Several pretraining examples per row, so that short examples do not fill rows with padding.
+"""Several pretraining examples per row, so that short examples do not fill rows with padding:
+the TensorFlow half of the batching contract (bertjax/batching.py), run inside tf.data.
 
 `pack(ex, ...)` takes a block's examples (`examples.block_function`'s dict, [N, ...] each, as
-`pairs.assemble` and `masking` made them) and returns rows of up to `examples_per_row` of
+`pairs.assemble` and `masking` made them) and returns rows of up to `examples_per_row` (K) of
 them, placed by first-fit decreasing (longest first, each into the first row with room), the
-rows then shuffled by a seeded permutation. Every example keeps what it had alone: its
-tokens, segment ids and masks; positions restart at 0 for each (`position_ids`); attention
-stays within it (`example_ids`: 1, 2, ... per example, 0 for padding); its predictions sit in
-the row's `max_predictions + examples_per_row` slots, after the predictions of the examples
-before it (a row's examples never need more: see `pack`); and it
-keeps its own next-sentence label (`next_sentence_labels` [K], with `next_sentence_weights`
-1 for a real example and 0 for an empty slot, `cls_positions` [K] its [CLS]). So a packed
-batch gives every example the loss and gradient it would have alone in a padded row.
+rows then shuffled by a seeded permutation. The rows carry the contract's packed arrays
+(`batching.PACKED_ARRAYS`: `position_ids`, `example_ids`, `cls_positions`,
+`example_weights`), so every example keeps what it had alone: its tokens, segment ids and
+masks, its positions and attention, and its own next-sentence label (`next_sentence_labels`
+[K], a per-example target). Its predictions sit in the row's `max_predictions + K` slots,
+after the predictions of the examples before it (a row's examples never need more: see
+`pack`). So a packed batch gives every example the loss and gradient it would have alone in
+a padded row.
 """
 
 from __future__ import annotations
 
 import tensorflow as tf
+
+from bertjax.batching import EXAMPLE_WEIGHTS
 
 
 def first_fit_decreasing(lengths: tf.Tensor, capacity: int, max_per_row: int):
@@ -104,6 +107,6 @@ def pack(ex: dict, *, seq_len: int, max_predictions: int, examples_per_row: int,
 
     labels = ex["next_sentence_labels"]
     out["next_sentence_labels"] = scatter_slots(labels, labels.dtype)
-    out["next_sentence_weights"] = scatter_slots(tf.ones_like(lengths), tf.float32)
+    out[EXAMPLE_WEIGHTS] = scatter_slots(tf.ones_like(lengths), tf.float32)
     out["cls_positions"] = scatter_slots(offset, tf.int32)
     return out

@@ -486,7 +486,7 @@ def packed_attention_mask(example_ids_BL):
 class BertModel(nn.Module):
     """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D]).
 
-    Packed rows (several examples per row, see `tasks.features.pack_rows`) also give
+    Packed rows (several examples per row, see `batching.pack_rows`) also give
     `position_ids` (restarting at each example), `example_ids` (the attention blocks) and
     `cls_positions` [B,E] (each example's [CLS]): then pooled_output is [B,E,D], one per
     example, and every example is computed as it would be alone in its row.

@@ -25,9 +25,9 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax import files
-from bertjax.tasks.features import PACKING_INPUTS, Features, LabelVocab
+from bertjax.batching import EXAMPLE_WEIGHTS, INPUTS, PACKING_INPUTS
+from bertjax.tasks.features import Features, LabelVocab
 
-INPUTS = ("input_ids", "input_mask", "segment_ids")  # what every task model reads
 TASK_FILE = "task.json"  # a fine-tuned model directory's task settings
 
 
@@ -87,7 +87,7 @@ class Task(abc.ABC):
     no_bucketing_because: ClassVar[str] = ""
     # Targets per example (from its pooled [CLS]) or per token, and a loss that sums over
     # them: training rows may hold several examples (train.examples_per_row, see
-    # features.pack_rows).
+    # batching.pack_rows).
     packable: ClassVar[bool] = False
     # task.* keys a fine-tuned model keeps in task.json for prediction.
     saved_settings: ClassVar[tuple[str, ...]] = ("max_seq_length",)
@@ -145,8 +145,8 @@ class Task(abc.ABC):
     def normalizer(self, batch: dict):
         """The whole batch's loss denominator: sequences (examples, in packed rows), unless
         the task says otherwise."""
-        if "example_weights" in batch:
-            return jnp.sum(batch["example_weights"])
+        if EXAMPLE_WEIGHTS in batch:
+            return jnp.sum(batch[EXAMPLE_WEIGHTS])
         return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
 
     @abc.abstractmethod
@@ -274,8 +274,8 @@ def _check_unique_names(sets: list[TaskSet]) -> None:
 
 def example_sum(values, batch: dict):
     """Per-example values summed over a batch; packed rows' empty slots weigh nothing."""
-    if "example_weights" in batch:
-        return jnp.sum(values * batch["example_weights"])
+    if EXAMPLE_WEIGHTS in batch:
+        return jnp.sum(values * batch[EXAMPLE_WEIGHTS])
     return jnp.sum(values)
 
 

@@ -27,12 +27,11 @@ import jax
 import numpy as np
 import optax
 
-from bertjax import files
+from bertjax import batching, files
 from bertjax.data.tokenizers import load_tokenizer
 from bertjax.models.bert import BertConfig, BertModel
 from bertjax.models.heads import init_params
 from bertjax.tasks import base as tasks
-from bertjax.tasks.features import PACKING_INPUTS, bucket_length, pack_rows, trim
 from bertjax.training import checkpoints, finetune_config, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 from bertjax.training.trainer import Objective, Trainer, batched_outputs
@@ -119,8 +118,8 @@ def training_arrays(config: Any, task: tasks.Task, features) -> tuple[dict, tupl
     batch holds."""
     arrays, keys = features.arrays, tasks.INPUTS + task.targets
     if config.train.examples_per_row > 1:
-        arrays = pack_rows(arrays, task.targets, config.train.examples_per_row)
-        keys = tasks.INPUTS + PACKING_INPUTS + task.targets + ("example_weights",)
+        arrays = batching.pack_rows(arrays, task.targets, config.train.examples_per_row)
+        keys = tasks.INPUTS + batching.PACKED_ARRAYS + task.targets
     return arrays, keys
 
 
@@ -138,7 +137,7 @@ def training_batches(arrays: dict, keys: Sequence[str], batch_size: int, per_epo
     example: only padding goes, and the few lengths keep XLA to a few compiled steps. The
     length comes from the whole global batch, so every process cuts its rows alike.
     """
-    step, full_length = start_step, arrays["input_ids"].shape[1]
+    step = start_step
     while True:
         epoch, offset = divmod(step, per_epoch)
         order = epoch_order(len(arrays["input_ids"]), seed, epoch)
@@ -147,8 +146,9 @@ def training_batches(arrays: dict, keys: Sequence[str], batch_size: int, per_epo
             rows = sharding.local_rows(global_rows)
             batch = {k: arrays[k][rows] for k in keys}
             if bucket_lengths:
-                length = bucket_length(arrays["input_mask"][global_rows], bucket_lengths)
-                batch = trim(batch, length, full_length)
+                global_batch = {batching.MASK: arrays[batching.MASK][global_rows]}
+                batch = batching.trim(batch, batching.bucket_length(global_batch,
+                                                                    bucket_lengths))
             yield batch
         step = (epoch + 1) * per_epoch
 

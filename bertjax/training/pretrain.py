@@ -20,6 +20,7 @@ import optax
 from jax.experimental import multihost_utils
 
 from bertjax import files
+from bertjax.batching import EXAMPLE_WEIGHTS
 from bertjax.data import FEATURES, PACKED_FEATURES
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining, init_params
@@ -74,8 +75,8 @@ def pretraining_sums(outputs: dict, batch: dict) -> dict[str, jax.Array]:
 
 def _sequence_weights(batch: dict) -> jax.Array:
     """1 per example (per row, or per filled slot of packed rows), flat."""
-    if "next_sentence_weights" in batch:
-        return batch["next_sentence_weights"].astype(jnp.float32).reshape(-1)
+    if EXAMPLE_WEIGHTS in batch:
+        return batch[EXAMPLE_WEIGHTS].astype(jnp.float32).reshape(-1)
     return jnp.ones(batch["next_sentence_labels"].size, jnp.float32)
 
 
@@ -128,8 +129,8 @@ def batch_spec(config: Any) -> dict[str, jax.ShapeDtypeStruct]:
     if slots > 1:
         shapes.update(next_sentence_labels=(slots,), position_ids=(length,),
                       example_ids=(length,), cls_positions=(slots,),
-                      next_sentence_weights=(slots,))
-    floats = ("masked_lm_weights", "next_sentence_weights")
+                      example_weights=(slots,))
+    floats = ("masked_lm_weights", "example_weights")
     return {name: jax.ShapeDtypeStruct((rows, *shape),
                                        jnp.float32 if name in floats else jnp.int32)
             for name, shape in shapes.items()}

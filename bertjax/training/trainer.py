@@ -22,9 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import files
+from bertjax import batching, files
 from bertjax.models import dropout
-from bertjax.tasks.features import bucket_length, trim
 from bertjax.training import checkpoints, integrity, metrics as metrics_lib, optimizers
 from bertjax.training import sharding
 
@@ -92,16 +91,11 @@ def make_train_step(objective: Objective, tx: optax.GradientTransformation,
         params = optax.apply_updates(state.params, updates)
         step_metrics = {**objective.metrics(loss, sums), "grad_norm": optax.tree.norm(grads),
                         "learning_rate": schedule(state.step)}
-        if "example_ids" in batch:  # packed rows: the progress line counts examples, not rows
-            step_metrics["examples"] = packed_example_count(batch["example_ids"])
+        if batching.EXAMPLE_WEIGHTS in batch:  # packed rows: the progress line counts examples
+            step_metrics["examples"] = jnp.sum(batch[batching.EXAMPLE_WEIGHTS])
         return TrainState(state.step + 1, params, opt_state), step_metrics
 
     return train_step
-
-
-def packed_example_count(example_ids_BL: jax.Array) -> jax.Array:
-    """Examples in packed rows, whose `example_ids` number them 1..k in each row."""
-    return jnp.sum(jnp.max(example_ids_BL, axis=-1))
 
 
 def make_eval_step(objective: Objective):
@@ -363,18 +357,6 @@ class Trainer(Steps):
         return step, preempted
 
 
-def _padded_to(x: np.ndarray, shape: tuple, missing: int) -> np.ndarray:
-    """An output of a cut batch at the full batch's `shape`: its positions axis (axis 1)
-    padded by `missing` zeros."""
-    if x.shape == shape:
-        return x
-    padded = np.pad(x, [(0, 0), (0, missing)] + [(0, 0)] * (x.ndim - 2))
-    if padded.shape != shape:
-        raise ValueError(f"an output of shape {x.shape} from a batch cut by {missing} positions "
-                         f"is not {shape} once padded: its positions are not axis 1")
-    return padded
-
-
 def batched_outputs(step_fn: Callable, params, arrays: dict[str, np.ndarray],
                     keys: Sequence[str], batch_size: int, place: Callable = dict,
                     bucket_lengths: Sequence[int] = ()) -> Any:
@@ -383,13 +365,13 @@ def batched_outputs(step_fn: Callable, params, arrays: dict[str, np.ndarray],
     `place(batch)` turns a batch of numpy rows into the step's input.
 
     With `bucket_lengths`, rows are batched shortest first and each batch is cut to the
-    shortest bucket that holds it (features.bucket_length), as training batches are; outputs
-    that run along the positions are padded back to the full length with zeros, and every
-    output comes back in the rows' own order.
+    shortest bucket that holds it (batching.bucket_length), as training batches are; outputs
+    that run along the positions are padded back to the full length with zeros
+    (batching.untrim), and every output comes back in the rows' own order.
     """
-    n, full = len(arrays[keys[0]]), arrays[keys[0]].shape[1]
+    n, full = len(arrays[keys[0]]), batching.row_length(arrays)
     if bucket_lengths:
-        order = np.argsort(arrays["input_mask"].sum(1), kind="stable")
+        order = np.argsort(batching.real_lengths(arrays), kind="stable")
         rows = np.concatenate([order, np.full(-n % batch_size, order[-1])])
     else:
         order = None
@@ -398,14 +380,14 @@ def batched_outputs(step_fn: Callable, params, arrays: dict[str, np.ndarray],
     outputs = []
     for start in range(0, len(rows), batch_size):
         batch = {k: arrays[k][rows[start:start + batch_size]] for k in keys}
-        length = bucket_length(batch["input_mask"], bucket_lengths) if bucket_lengths else full
+        length = batching.bucket_length(batch, bucket_lengths) if bucket_lengths else full
         if length == full:
             outputs.append(jax.device_get(step_fn(params, place(batch))))
             continue
         if full_shapes is None:  # which outputs have a positions axis: those that change
             full_shapes = jax.eval_shape(step_fn, params, place(batch))
-        out = jax.device_get(step_fn(params, place(trim(batch, length, full))))
-        outputs.append(jax.tree.map(lambda x, s: _padded_to(x, s.shape, full - length),
+        out = jax.device_get(step_fn(params, place(batching.trim(batch, length))))
+        outputs.append(jax.tree.map(lambda x, s: batching.untrim(x, s.shape, full - length),
                                     out, full_shapes))
     outputs = jax.tree.map(lambda *xs: np.concatenate(xs)[:n], *outputs)
     if order is None:
