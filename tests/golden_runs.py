@@ -34,16 +34,12 @@ PRETRAIN_ARGS = [
     "--config.train.num_steps=60", "--config.train.log_every=10",
     "--config.train.eval_every=30", "--config.train.eval_batches=2",
     "--config.train.checkpoint_every=20", "--config.train.peak_flops_per_device=1e9",
-    "--config.model.dropout_mask_bits=32",  # the figures predate 16-bit masks
-    "--config.model.sparse_last_layer=false",  # ... and the sparse last layer's masks
     "--config.quiet=true",
 ]
 FINETUNE_ARGS = [
     "--config.task.max_seq_length=24", "--config.train.global_batch_size=16",
     "--config.train.eval_batch_size=16", "--config.train.num_epochs=2",
     "--config.train.log_every=1", "--config.optimizer.learning_rate=1e-3",
-    "--config.model.dropout_mask_bits=32",  # the figures predate 16-bit masks
-    "--config.model.sparse_last_layer=false",  # ... and the sparse last layer's masks
     "--config.quiet=true",
 ]
 # name -> (config file, extra arguments)
