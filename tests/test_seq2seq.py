@@ -184,8 +184,9 @@ def test_cached_decoding_equals_teacher_forcing_and_compiles_once():
     tokens = np.asarray(decoding.generate(model, params, ids, mask, np.zeros_like(ids),
                                           settings))
     # Teacher forcing on what greedy decoding produced predicts the same tokens.
-    logits = model.apply({"params": params}, ids, mask, np.zeros_like(ids), tokens[:, :-1],
-                         np.ones_like(tokens[:, :-1]))
+    # Jitted: eagerly, each of the model's hundreds of small ops would be compiled on its own.
+    logits = jax.jit(model.apply)({"params": params}, ids, mask, np.zeros_like(ids),
+                                  tokens[:, :-1], np.ones_like(tokens[:, :-1]))
     np.testing.assert_array_equal(np.argmax(logits, -1), tokens[:, 1:])
     compiled = decoding.generate._cache_size()
     decoding.generate(model, params, ids[::-1].copy(), mask, np.zeros_like(ids), settings)
@@ -217,8 +218,10 @@ def test_unilm_mask_hides_the_future_and_the_target_from_the_source():
     mask = np.array([[1] * 9 + [0]], np.int32)
     positions = np.arange(10, dtype=np.int32)[None]
 
+    apply = jax.jit(model.apply)  # one program for both calls, not hundreds of eager ops
+
     def logits(ids):
-        return np.asarray(model.apply({"params": params}, ids, mask, segments, positions))[0]
+        return np.asarray(apply({"params": params}, ids, mask, segments, positions))[0]
 
     changed = ids.copy()
     changed[0, 7] = 40  # a later target token
