@@ -88,10 +88,11 @@ def test_greedy_generation_appends_a_mask_and_takes_its_argmax():
     start = mask.sum(axis=1)
     rows = np.arange(3)
     done = np.zeros(3, bool)
+    apply = jax.jit(model.apply)  # one program, not the model's hundreds of eager ops
     for k in range(1, 7):
         slot = start + k - 1
         ids[rows, slot], mask[rows, slot], segments[rows, slot] = tokenizer.mask_id, 1, 1
-        logits = model.apply({"params": params}, ids, mask, segments, slot[:, None])
+        logits = apply({"params": params}, ids, mask, segments, slot[:, None])
         chosen = np.asarray(logits[:, 0].argmax(-1))
         for b in np.flatnonzero(~done):
             assert generated[b, k] == chosen[b], (b, k)
