@@ -20,7 +20,8 @@ def render(record: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.render",
+                                description=__doc__.split("\n\n")[0])
     p.add_argument("records", nargs="+", metavar="FILE", help="a benchmark's --json file")
     for path in p.parse_args().records:
         with open(path, encoding="utf-8") as f:
