@@ -98,7 +98,7 @@ def score_buffers(hlo: str, rows: int, heads: int, seq_len: int) -> str:
 
 def compile_step(config, mesh, rules, batch: int, seq_len: int):
     """(compile seconds, compiled executable) of the train step on `mesh`."""
-    model = BertForPreTraining(config, mesh)
+    model = BertForPreTraining(config)
     schedule = optax.constant_schedule(1e-4)
     tx = optimizers.make_optimizer("bert_adamw", schedule, b1=0.9, b2=0.999, eps=1e-6,
                                    weight_decay=0.01, clip_norm=1.0)

@@ -14,7 +14,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from bertjax.models import attention
-from bertjax.models.bert import BertConfig, BertModel
+from bertjax.models.bert import BertConfig, BertModel, Packing
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import config_sections, finetune_config, pretrain_config, sharding
 
@@ -47,14 +47,17 @@ def _sharded(config, packed: bool):
     mesh = sharding.make_mesh((2, 2, 2))
     rules = config_sections.DEFAULT_RULES
     batch = _batch()
-    model = BertForPreTraining(config, mesh)
+    model = BertForPreTraining(config)
     reads = np.array([[5, 90, 127], [1, 60, 99], [3, 17, 36], [0, 0, 0]], np.int32)
     kwargs = {}
     if packed:
         batch["input_mask"] = (batch["example_ids"] > 0).astype(np.int32)
         firsts = [np.cumsum((0,) + sizes[:-1]) for sizes in EXAMPLES]
-        kwargs["cls_positions"] = np.array([[*f, *f][:2] for f in firsts], np.int32)
-        kwargs["example_ids"] = batch["example_ids"]
+        positions = np.zeros_like(batch["example_ids"])
+        for row, sizes in enumerate(EXAMPLES):
+            positions[row, :sum(sizes)] = np.concatenate([np.arange(n) for n in sizes])
+        kwargs["packing"] = Packing(positions, batch["example_ids"],
+                                    np.array([[*f, *f][:2] for f in firsts], np.int32))
         reads = np.array([[5, 70, 127], [1, 60, 105], [3, 17, 36], [0, 10, 29]], np.int32)
     args = (batch["input_ids"], batch["input_mask"], batch["segment_ids"], reads)
     boxed = jax.eval_shape(model.init, jax.random.key(0), *args, **kwargs)["params"]

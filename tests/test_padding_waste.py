@@ -12,7 +12,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.batching import PACKING_INPUTS, bucket_length, pack_rows, trim
+from bertjax.batching import bucket_length, pack_rows, trim
+from bertjax.models.bert import Packing
 from bertjax.models.heads import BertForSequenceClassification, BertForTokenClassification
 from bertjax.tasks import base as tasks
 from bertjax.tasks.classify import TextExample, classification_features
@@ -114,23 +115,31 @@ def test_packed_rows_hold_each_example_as_it_was(features):
         assert packed["label"][r, slot] == features["label"][i]
 
 
+def test_the_model_reads_packed_rows_whole_or_not_at_all(features):
+    packed = pack_rows(features, ("label",), max_per_row=4)
+    assert Packing.from_batch(features) is None  # one example a row
+    assert Packing.from_batch(packed).cls_positions.shape == packed["example_weights"].shape
+    del packed["cls_positions"]
+    with pytest.raises(ValueError, match=r"a packed batch lacks \['cls_positions'\]"):
+        Packing.from_batch(packed)
+
+
 def test_packed_batch_gives_the_unpacked_per_example_losses_and_gradients(features):
     model, params = _model_and_params(features)
     task = tasks.get("classification")(None)
     packed = pack_rows(features, ("label",), max_per_row=4)
-    packing = {k: packed[k] for k in PACKING_INPUTS}
 
     @jax.jit
     def per_example(params):
         logits_BC = model.apply({"params": params}, *(features[k] for k in tasks.INPUTS))
         logits_BEC = model.apply({"params": params}, *(packed[k] for k in tasks.INPUTS),
-                                 **packing)
+                                 packing=Packing.from_batch(packed))
         ce = optax.softmax_cross_entropy_with_integer_labels
         return ce(logits_BC, features["label"]), ce(logits_BEC, packed["label"])
 
     def mean_loss(params, batch, arrays):
         outputs = model.apply({"params": params}, *(arrays[k] for k in tasks.INPUTS),
-                              **{k: arrays[k] for k in PACKING_INPUTS if k in arrays})
+                              packing=Packing.from_batch(arrays))
         return task.loss_sum(outputs, batch) / task.normalizer(batch)
 
     unpacked_loss, packed_loss = per_example(params)
@@ -175,7 +184,7 @@ def test_packed_tagging_rows_carry_each_token_label_and_give_its_loss_and_gradie
 
     def logits(params, arrays):
         return model.apply({"params": params}, *(arrays[k] for k in tasks.INPUTS),
-                           **{k: arrays[k] for k in PACKING_INPUTS if k in arrays})
+                           packing=Packing.from_batch(arrays))
 
     def token_losses(arrays):
         ce = optax.softmax_cross_entropy_with_integer_labels(

@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from bertjax.data import pretraining, shards
 from bertjax.data.examples import Recipe
-from bertjax.models.bert import BertConfig
+from bertjax.models.bert import BertConfig, Packing
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import metrics
 
@@ -88,9 +88,9 @@ def test_packed_rows_hold_the_same_examples_and_fill_the_rows(short_documents):
 
 @functools.partial(jax.jit, static_argnums=(1, 3))
 def _per_example_losses(params, model, rows, packed):
-    extra = {k: rows[k] for k in ("position_ids", "example_ids", "cls_positions")} if packed else {}
     out = model.apply({"params": params}, rows["input_ids"], rows["input_mask"],
-                      rows["segment_ids"], rows["masked_lm_positions"], **extra)
+                      rows["segment_ids"], rows["masked_lm_positions"],
+                      packing=Packing.from_batch(rows) if packed else None)
     mlm = optax.softmax_cross_entropy_with_integer_labels(out["mlm_logits"],
                                                           rows["masked_lm_ids"])
     mlm = mlm * rows["masked_lm_weights"]

@@ -4,7 +4,9 @@ rules say, and clear errors for meshes and dimensions that do not fit."""
 import json
 import os
 
+import flax.linen as nn
 import jax
+import jax.extend
 import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -13,6 +15,7 @@ import pretrain_helpers as ph
 from bertjax.models.bert import BertConfig
 from bertjax.models.heads import BertForPreTraining
 from bertjax.training import config_sections, pretrain, sharding
+from bertjax.training.trainer import Steps
 
 
 def test_mesh_shape_fills_and_checks_the_device_count():
@@ -84,3 +87,33 @@ def test_every_mesh_gives_the_same_losses_and_shards_as_the_rules_say(tmp_path):
     fsdp_kernel = states[(2, 4, 1)].params["bert"]["encoder"]["layer_0"]["output"]["kernel"]
     assert fsdp_kernel.sharding.spec == P("tensor", "fsdp")  # [mlp, embed]
     assert fsdp_kernel.addressable_shards[0].data.shape == (38, 36 // 4)
+
+
+def _constraint_specs(jaxpr) -> list:
+    """The partition specs of every sharding constraint in a traced program, nested ones
+    included."""
+    specs = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "sharding_constraint":
+            specs.append(eqn.params["sharding"].spec)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            specs += _constraint_specs(sub)
+    return specs
+
+
+def test_the_masked_lm_head_is_constrained_on_the_mesh_its_arrays_are_on():
+    """Without the MLM head's batch-sharded constraint XLA's partitioner computes wrong
+    gradients on meshes with data, fsdp and tensor all > 1. No module is given the mesh: the
+    head finds it in the step's arrays."""
+    config = ph.tiny_config()
+    config.mesh.shape = (2, 2, 2)
+    mesh = sharding.make_mesh(config.mesh.shape)
+    cfg = BertConfig.from_config(config.model, vocab_size=ph.VOCAB)
+    steps = Steps(**pretrain.steps_args(config, cfg, mesh))
+    with nn.logical_axis_rules(steps.rules):
+        traced = steps.jitted_train_step.trace(
+            steps.abstract_state(), steps.abstract_batch(pretrain.batch_spec(config)),
+            steps.abstract_rng())
+    rows = P(("data", "fsdp"), None, None)
+    # The forward pass's constraint and its transpose in the backward pass.
+    assert _constraint_specs(traced.jaxpr.jaxpr).count(rows) >= 2

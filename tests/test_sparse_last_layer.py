@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from bertjax.models.bert import Packing
 from bertjax.models.heads import BertForPreTraining, BertForSequenceClassification
 from bertjax.models.seq2seq import UniLM
 from bertjax.training import metrics
@@ -26,6 +27,9 @@ def _position_ids(example_ids):
         first = {}
         rows.append([p - first.setdefault(e, p) for p, e in enumerate(row)])
     return jnp.array(rows)
+
+
+PACKING = Packing(_position_ids(EXAMPLE_IDS), EXAMPLE_IDS, CLS_POSITIONS)
 
 
 def _outputs_and_grads(model_cls, config, params, args, kwargs, rng=None):
@@ -55,8 +59,7 @@ def test_pretraining_heads_equal_the_full_last_layer(variant):
     ids, mask, seg, pos = _batch()
     kwargs = {}
     if variant == "packed":  # the packed mask's rows are gathered per read position
-        kwargs = {"example_ids": EXAMPLE_IDS, "cls_positions": CLS_POSITIONS,
-                  "position_ids": _position_ids(EXAMPLE_IDS)}
+        kwargs = {"packing": PACKING}
         mask = (EXAMPLE_IDS > 0).astype(jnp.int32)
     full = dataclasses.replace(config, sparse_last_layer=False)
     sparse = dataclasses.replace(config, sparse_last_layer=True)
@@ -86,8 +89,7 @@ def test_classification_reads_only_the_cls_and_equals_the_full_last_layer(packed
     ids, mask, seg, _ = _batch()
     kwargs = {}
     if packed:
-        kwargs = {"example_ids": EXAMPLE_IDS, "cls_positions": CLS_POSITIONS,
-                  "position_ids": _position_ids(EXAMPLE_IDS)}
+        kwargs = {"packing": PACKING}
         mask = (EXAMPLE_IDS > 0).astype(jnp.int32)
     full = dataclasses.replace(ODD, sparse_last_layer=False)
     sparse = dataclasses.replace(ODD, sparse_last_layer=True)

@@ -18,6 +18,8 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import meshes
+
 ATTENTIONS = ("xla", "splash")
 
 # The kernel's blocks span 128 positions: with segment ids, its backward needs queries and
@@ -60,9 +62,9 @@ def padding_segments(input_mask_BL) -> SegmentMask:
 
 def packed_segments(example_ids_BL) -> SegmentMask:
     """Packed rows (`example_ids` 1, 2, ... per token, 0 for padding): each token sees only
-    its own example's tokens, as `packed_attention_mask` does. Padding tokens see each other;
-    under XLA's mask they see nothing (a uniform average), so only the padding positions'
-    outputs differ, which no loss reads."""
+    its own example's tokens, as `bert.Packing.attention_mask` does. Padding tokens see each
+    other; under XLA's mask they see nothing (a uniform average), so only the padding
+    positions' outputs differ, which no loss reads."""
     ids_BL = example_ids_BL.astype(jnp.int32)
     return SegmentMask(ids_BL, ids_BL)
 
@@ -97,33 +99,20 @@ def _per_shard(q_BHQK, k_BHLK, v_BHLK, q_ids_BQ, kv_ids_BL, interpret: bool):
         q_BHQK, k_BHLK, v_BHLK, q_ids_BQ, kv_ids_BL)
 
 
-def _mesh_of(x) -> jax.sharding.AbstractMesh:
-    """The mesh `x` is laid out on inside a jitted function: the ambient one (`jax.set_mesh`)
-    if any, else the one its abstract value carries, which JAX takes from the arguments'
-    shardings (the trainer's sharded arrays, or ShapeDtypeStructs with a sharding when
-    compiling ahead of time; jit's in_shardings alone do not set it). The trainer sets no
-    ambient mesh: under one, Flax's DenseGeneral constrains its kernels at their flat initial
-    shape, which fails."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        mesh = getattr(jax.typeof(x).sharding, "mesh", mesh)
-    return mesh
-
-
 def splash_attention(q_BQHK, k_BLHK, v_BLHK, segments: SegmentMask):
     """softmax(q k^T / sqrt(K)) v with the segment mask: [B, Q, H, K] -> [B, Q, H, K].
 
     The kernel is a Pallas call, which XLA cannot split across devices: it runs inside a
-    `shard_map` over the mesh the queries are laid out on, rows split as the logical axis
-    rules (`nn.logical_axis_rules`, which the trainer traces its steps in) split 'batch' and
-    heads as they split 'heads'. Without a mesh it runs on the whole batch (one device). It
+    `shard_map` over the mesh the queries are laid out on (models/meshes.py), rows split as
+    the logical axis rules (`nn.logical_axis_rules`, which the trainer traces its steps in)
+    split 'batch' and heads as they split 'heads'. Without a mesh it runs on the whole batch (one device). It
     runs compiled on TPUs and in Pallas's interpreter elsewhere (slowly: for tests on CPUs).
     """
     scale = 1.0 / math.sqrt(q_BQHK.shape[-1])
     # The kernel does not scale the scores; scaling the queries is the same product.
     q_BHQK = (q_BQHK * jnp.asarray(scale, q_BQHK.dtype)).transpose(0, 2, 1, 3)
     k_BHLK, v_BHLK = k_BLHK.transpose(0, 2, 1, 3), v_BLHK.transpose(0, 2, 1, 3)
-    mesh = _mesh_of(q_BQHK)
+    mesh = meshes.mesh_of(q_BQHK)
     device = None if mesh.empty else mesh.abstract_device  # None: a mesh built by hand
     platform = jax.default_backend() if device is None else device.platform
     run = functools.partial(_per_shard, interpret=platform != "tpu")

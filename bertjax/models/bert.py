@@ -13,9 +13,11 @@ import functools
 from typing import Any
 
 import flax.linen as nn
+import flax.struct
 import jax
 import jax.numpy as jnp
 
+from bertjax import batching
 from bertjax.models import attention as attention_lib
 from bertjax.models.dropout import MASK_BITS, make_dropout
 
@@ -476,20 +478,46 @@ def scanned_encoder(config: BertConfig, init: bool, name: str) -> nn.Module:
                             mutable=init)(config, name=name)
 
 
-def packed_attention_mask(example_ids_BL):
-    """Rows holding several examples (`example_ids` 1, 2, ... per token, 0 for padding): each
-    token attends only to the tokens of its own example. [B, 1, L, L] bool."""
-    same_B1LL = example_ids_BL[:, None, :, None] == example_ids_BL[:, None, None, :]
-    return same_B1LL & (example_ids_BL > 0)[:, None, None, :]
+@flax.struct.dataclass
+class Packing:
+    """Rows that hold several examples each (batching.py's packed rows): what keeps every
+    example as it would be alone in its row.
+
+    `position_ids` [B, L]: each token's position in its example (restarting at 0);
+    `example_ids` [B, L]: 1, 2, ... per example, 0 on padding (a token attends to its own
+    example's tokens only); `cls_positions` [B, E]: each example's [CLS], where it is pooled.
+    """
+
+    position_ids: jax.Array
+    example_ids: jax.Array
+    cls_positions: jax.Array
+
+    @classmethod
+    def from_batch(cls, batch: dict) -> "Packing | None":
+        """The packing of a batch under the batching contract (`batching.PACKING_INPUTS`), or
+        None for rows of one example each."""
+        if not any(k in batch for k in batching.PACKING_INPUTS):
+            return None
+        missing = [k for k in batching.PACKING_INPUTS if k not in batch]
+        if missing:
+            raise ValueError(f"a packed batch lacks {missing}: packed rows carry all of "
+                             f"{batching.PACKING_INPUTS}")
+        return cls(*(batch[k] for k in batching.PACKING_INPUTS))
+
+    def attention_mask(self):
+        """Each token attends only to the tokens of its own example: [B, 1, L, L] bool."""
+        ids_BL = self.example_ids
+        same_B1LL = ids_BL[:, None, :, None] == ids_BL[:, None, None, :]
+        return same_B1LL & (ids_BL > 0)[:, None, None, :]
 
 
 class BertModel(nn.Module):
-    """Embeddings -> encoder -> pooler. Returns (sequence_output [B,L,D], pooled_output [B,D]).
+    """Embeddings -> encoder -> pooler.
 
-    Packed rows (several examples per row, see `batching.pack_rows`) also give
-    `position_ids` (restarting at each example), `example_ids` (the attention blocks) and
-    `cls_positions` [B,E] (each example's [CLS]): then pooled_output is [B,E,D], one per
-    example, and every example is computed as it would be alone in its row.
+    Returns (outputs, pooled): one output per position read and one pooled vector per
+    example. `outputs` is [B, L, D], or [B, P, D] given `output_positions` [B, P]; `pooled`
+    (the tanh-dense [CLS] output) is [B, D], or [B, E, D] given a `packing` of E examples a
+    row, every example computed as it would be alone in its row.
     """
 
     config: BertConfig
@@ -504,39 +532,40 @@ class BertModel(nn.Module):
         # The pooler is square; its output axis is sharded like an MLP hidden dimension.
         self.pooler = _dense(c, c.hidden_size, ("embed", "mlp"), "pooler")
 
-    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-                 position_ids=None, example_ids=None, cls_positions=None, attention_mask=None,
-                 output_positions=None):
-        """`attention_mask` [B, 1, L, L] (who attends to whom, e.g. the one-stack seq2seq
-        mask) replaces the padding mask made from `input_mask`; so do `example_ids` (packed
-        rows: one block per example).
+    def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True, *,
+                 packing: Packing | None = None, attention_mask=None, output_positions=None):
+        """`packing`: rows of several examples (see Packing). `attention_mask` [B, 1, L, L]
+        (who attends to whom, e.g. the one-stack seq2seq mask) replaces the padding mask made
+        from `input_mask`; it does not combine with `packing`.
 
-        `output_positions` [B, P]: the positions a head reads; sequence_output is then [B, P,
-        D], their outputs (P may be 0: the pooled [CLS] alone). With `sparse_last_layer` the
-        last layer computes only these and the [CLS]s.
+        `output_positions` [B, P]: the positions a head reads (P may be 0: the pooled [CLS]
+        alone). With `sparse_last_layer` the last layer computes only these and the [CLS]s.
         """
+        if attention_mask is not None and packing is not None:
+            raise ValueError("BertModel takes an attention_mask or a packing, not both")
         if attention_mask is not None:
             mask = attention_mask
         elif self.config.attention == "splash":  # the kernel's form of the same masks
-            mask = (attention_lib.padding_segments(input_mask) if example_ids is None
-                    else attention_lib.packed_segments(example_ids))
-        elif example_ids is None:
+            mask = (attention_lib.padding_segments(input_mask) if packing is None
+                    else attention_lib.packed_segments(packing.example_ids))
+        elif packing is None:
             mask = input_mask.astype(bool)[:, None, None, :]
         else:
-            mask = packed_attention_mask(example_ids)
-        x_BLD = self.embeddings(input_ids, segment_ids, deterministic, position_ids)
+            mask = packing.attention_mask()
+        x_BLD = self.embeddings(input_ids, segment_ids, deterministic,
+                                None if packing is None else packing.position_ids)
         if output_positions is not None and self.config.sparse_last_layer:
-            cls_BE = (jnp.zeros((input_ids.shape[0], 1), jnp.int32) if cls_positions is None
-                      else cls_positions.astype(jnp.int32))
+            cls_BE = (jnp.zeros((input_ids.shape[0], 1), jnp.int32) if packing is None
+                      else packing.cls_positions.astype(jnp.int32))
             read_BQ = jnp.concatenate([cls_BE, output_positions.astype(jnp.int32)], axis=1)
             x_BQD = self.encoder(x_BLD, mask, deterministic, read_BQ)
             cls_BED, x_BPD = x_BQD[:, :cls_BE.shape[1]], x_BQD[:, cls_BE.shape[1]:]
-            if cls_positions is None:
+            if packing is None:
                 cls_BED = cls_BED[:, 0]
         else:
             x_BLD = self.encoder(x_BLD, mask, deterministic)
-            cls_BED = (x_BLD[:, 0] if cls_positions is None
-                       else gather_positions(x_BLD, cls_positions))
+            cls_BED = (x_BLD[:, 0] if packing is None
+                       else gather_positions(x_BLD, packing.cls_positions))
             x_BPD = (x_BLD if output_positions is None
                      else gather_positions(x_BLD, output_positions))
         return x_BPD, jnp.tanh(self.pooler(cls_BED))

@@ -3,13 +3,12 @@ fine-tuning tasks (sequence classification / regression, token tagging, extracti
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, _dense, _layer_norm
+from bertjax.models import meshes
+from bertjax.models.bert import ACTIVATIONS, BertConfig, BertModel, Packing, _dense, _layer_norm
 from bertjax.models.dropout import make_dropout
 
 
@@ -17,7 +16,6 @@ class MaskedLMHead(nn.Module):
     """dense + activation + LayerNorm, then the tied word-embedding decoder plus an output bias."""
 
     config: BertConfig
-    mesh: Any = None  # the device mesh the model runs sharded on, if any
 
     @nn.compact
     def __call__(self, x_BPD, decode):
@@ -29,11 +27,11 @@ class MaskedLMHead(nn.Module):
         # Batch-sharded with whole features. Without this XLA's SPMD partitioner (jaxlib
         # 0.10.2, Shardy and GSPMD alike) computes wrong gradients for the transform and
         # LayerNorm above on meshes with data, fsdp and tensor all > 1 (the forward pass is
-        # right); it is the layout the partitioner picks anyway elsewhere. The mesh is given
-        # explicitly: a global mesh context would make Flax constrain DenseGeneral's
-        # multi-axis kernels at their flat initial shape, which fails. The logical axis rules
-        # come from the caller's `nn.logical_axis_rules`; without a mesh this is a no-op.
-        h_BPD = nn.with_logical_constraint(h_BPD, ("batch", None, None), mesh=self.mesh)
+        # right); it is the layout the partitioner picks anyway elsewhere. The mesh is the
+        # one the activations are laid out on, not a global mesh context, which would make
+        # Flax constrain DenseGeneral's multi-axis kernels at their flat initial shape, which
+        # fails (models/meshes.py). Without a mesh this is a no-op.
+        h_BPD = meshes.constrain(h_BPD, ("batch", None, None))
         return add_output_bias(decode(h_BPD), bias_V.astype(c.dtype))
 
 
@@ -63,26 +61,22 @@ class BertForPreTraining(nn.Module):
 
     Returns {'mlm_logits': [B, P, V] float32, 'nsp_logits': [B, 2] float32}. Projecting only
     the P gathered positions (not all L) onto the vocabulary is most of the head's saving.
-    `mesh`: the device mesh training shards the model over (see MaskedLMHead).
     """
 
     config: BertConfig
-    mesh: Any = None
     num_inputs = 4  # what init_params passes: the three inputs and masked_lm_positions
 
     def setup(self):
         self.bert = BertModel(self.config)
-        self.mlm = MaskedLMHead(self.config, self.mesh)
+        self.mlm = MaskedLMHead(self.config)
         self.nsp = _dense(self.config, 2, ("embed", None), "nsp")
 
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
-                 deterministic: bool = True, position_ids=None, example_ids=None,
-                 cls_positions=None):
-        """Packed rows (data/packing.py) add `position_ids`, `example_ids` and `cls_positions`
-        [B, K]: then 'nsp_logits' is [B, K, 2], one per example."""
+                 deterministic: bool = True, packing: Packing | None = None):
+        """Packed rows (data/packing.py) of K examples: 'nsp_logits' is [B, K, 2], one per
+        example."""
         x_BPD, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic,
-                                     position_ids, example_ids, cls_positions,
-                                     output_positions=masked_lm_positions)
+                                     packing=packing, output_positions=masked_lm_positions)
         mlm_logits_BPV = self.mlm(x_BPD, self.bert.attend)
         nsp_logits_B2 = self.nsp(pooled_BD)
         return {"mlm_logits": mlm_logits_BPV.astype(jnp.float32),
@@ -121,10 +115,10 @@ class BertForSequenceClassification(nn.Module):
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-                 **packing):
+                 packing: Packing | None = None):
         no_positions = jnp.zeros((input_ids.shape[0], 0), jnp.int32)  # the [CLS]s alone
-        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing,
-                                 output_positions=no_positions)
+        _, pooled_BD = self.bert(input_ids, input_mask, segment_ids, deterministic,
+                                 packing=packing, output_positions=no_positions)
         pooled_BD = self.dropout(pooled_BD, deterministic=deterministic)
         return self.classifier(pooled_BD).astype(jnp.float32)
 
@@ -143,8 +137,8 @@ class BertForTokenClassification(nn.Module):
         self.classifier = _dense(self.config, self.num_labels, ("embed", None), "classifier")
 
     def __call__(self, input_ids, input_mask, segment_ids, deterministic: bool = True,
-                 **packing):
-        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic, **packing)
+                 packing: Packing | None = None):
+        x_BLD, _ = self.bert(input_ids, input_mask, segment_ids, deterministic, packing=packing)
         x_BLD = self.dropout(x_BLD, deterministic=deterministic)
         return self.classifier(x_BLD).astype(jnp.float32)
 

@@ -18,8 +18,6 @@ one position. Shapes never change, so a decoding loop compiles once.
 
 from __future__ import annotations
 
-from typing import Any
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -231,11 +229,10 @@ class TiedDecoder(nn.Module):
 
     config: BertConfig
     stack: TiedStack
-    mesh: Any = None
 
     def setup(self):
         self.bert = _TiedDecoderBert(self.config)
-        self.mlm = MaskedLMHead(self.config, self.mesh)
+        self.mlm = MaskedLMHead(self.config)
 
     def __call__(self, ids_BT, mask_BT, context_BSD, context_mask_BS, deterministic: bool,
                  decode_at=None, cache_length: int = 0):
@@ -262,17 +259,16 @@ class Bert2Bert(nn.Module):
     """
 
     config: BertConfig
-    mesh: Any = None  # the device mesh the model runs sharded on, if any (see MaskedLMHead)
     tie_encoder_decoder: bool = False
     num_inputs = 5  # what heads.init_params passes: the encoder's three, the decoder's two
 
     def setup(self):
         if self.tie_encoder_decoder:
             self.bert = TiedStack(self.config)
-            self.decoder = TiedDecoder(self.config, self.bert, self.mesh)
+            self.decoder = TiedDecoder(self.config, self.bert)
         else:
             self.bert = BertModel(self.config)
-            self.decoder = BertDecoder(self.config, self.mesh)
+            self.decoder = BertDecoder(self.config)
 
     def encode(self, input_ids, input_mask, segment_ids, deterministic: bool = True):
         if self.tie_encoder_decoder:
@@ -295,11 +291,10 @@ class BertDecoder(nn.Module):
     """transformers' BertLMHeadModel as a decoder: `bert` and the tied LM head `mlm`."""
 
     config: BertConfig
-    mesh: Any = None
 
     def setup(self):
         self.bert = DecoderModel(self.config)
-        self.mlm = MaskedLMHead(self.config, self.mesh)
+        self.mlm = MaskedLMHead(self.config)
 
     def __call__(self, ids_BT, mask_BT, context_BSD, context_mask_BS, deterministic: bool,
                  decode_at=None, cache_length: int = 0):
@@ -315,12 +310,11 @@ class UniLM(nn.Module):
     a [MASK] after the target so far and predicts it."""
 
     config: BertConfig
-    mesh: Any = None
     num_inputs = 4  # heads.init_params: the three inputs and masked_lm_positions
 
     def setup(self):
         self.bert = BertModel(self.config)
-        self.mlm = MaskedLMHead(self.config, self.mesh)
+        self.mlm = MaskedLMHead(self.config)
 
     def __call__(self, input_ids, input_mask, segment_ids, masked_lm_positions,
                  deterministic: bool = True):

@@ -25,7 +25,8 @@ import ml_collections
 from ml_collections.config_dict import placeholder
 
 from bertjax import files
-from bertjax.batching import EXAMPLE_WEIGHTS, INPUTS, PACKING_INPUTS
+from bertjax.batching import EXAMPLE_WEIGHTS, INPUTS
+from bertjax.models.bert import Packing
 from bertjax.tasks.features import Features, LabelVocab
 
 TASK_FILE = "task.json"  # a fine-tuned model directory's task settings
@@ -160,8 +161,10 @@ class Task(abc.ABC):
     def forward(self, module, variables: dict, batch: dict, **kwargs):
         """The model's outputs on a batch (training; evaluation through `infer`). A task
         whose model reads more than INPUTS (its targets, for teacher forcing) says so here."""
-        packing = {k: batch[k] for k in PACKING_INPUTS if k in batch}
-        return module.apply(variables, *(batch[k] for k in INPUTS), **packing, **kwargs)
+        packing = Packing.from_batch(batch)
+        if packing is not None:  # packed rows: only a packable task's model takes them
+            kwargs = {**kwargs, "packing": packing}
+        return module.apply(variables, *(batch[k] for k in INPUTS), **kwargs)
 
     def infer(self, module, params, batch: dict):
         """What evaluation and prediction bring back from a batch of INPUTS (jitted): the

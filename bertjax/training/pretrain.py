@@ -22,7 +22,7 @@ from jax.experimental import multihost_utils
 from bertjax import files
 from bertjax.batching import EXAMPLE_WEIGHTS
 from bertjax.data import FEATURES, PACKED_FEATURES
-from bertjax.models.bert import BertConfig
+from bertjax.models.bert import BertConfig, Packing
 from bertjax.models.heads import BertForPreTraining, init_params
 from bertjax.training import checkpoints, metrics as metrics_lib, optimizers, pretrain_config
 from bertjax.training import sharding
@@ -93,12 +93,10 @@ def summarize(sums: dict, nsp: bool) -> dict[str, Any]:
 
 def objective(model: BertForPreTraining, nsp: bool) -> Objective:
     def apply(params, batch, rng):
-        packed = {k: batch[k] for k in ("position_ids", "example_ids", "cls_positions")
-                  if k in batch}
         return model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
                            batch["segment_ids"], batch["masked_lm_positions"],
-                           deterministic=rng is None,
-                           rngs=None if rng is None else {"dropout": rng}, **packed)
+                           deterministic=rng is None, packing=Packing.from_batch(batch),
+                           rngs=None if rng is None else {"dropout": rng})
 
     def normalizers(batch):
         return {"mlm": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)) + _MLM_EPS,
@@ -139,7 +137,7 @@ def batch_spec(config: Any) -> dict[str, jax.ShapeDtypeStruct]:
 def steps_args(config: Any, cfg: BertConfig, mesh: jax.sharding.Mesh) -> dict[str, Any]:
     """What the run's `Steps` (and so its Trainer) are built from: the model, objective and
     optimizer that `config` describes, for model `cfg` on `mesh`."""
-    model = BertForPreTraining(cfg, mesh)
+    model = BertForPreTraining(cfg)
     opt, train_cfg = config.optimizer, config.train
     schedule = optimizers.learning_rate_schedule(opt.schedule, opt.learning_rate,
                                                  opt.warmup_steps, train_cfg.num_steps)
