@@ -25,8 +25,10 @@ def _setup(impl: str, mask_bits: int = 32):
     model = BertForPreTraining(BertConfig.from_config(config.model, vocab_size=ph.VOCAB))
     batch = ph.synthetic_batch(0, 0, range(4), 13, 3, ph.VOCAB)
     ids = batch["input_ids"]
-    params = nn.unbox(model.init(jax.random.PRNGKey(0), ids, ids, ids,
-                                 batch["masked_lm_positions"])["params"])
+    # Jitted: one program (the same for every test here, so a compilation-cache hit after the
+    # first), not the initialisers' hundreds of eager ops compiled one by one.
+    params = nn.unbox(jax.jit(model.init)(jax.random.PRNGKey(0), ids, ids, ids,
+                                          batch["masked_lm_positions"])["params"])
     tx = optax.adamw(1e-3)
     step = jax.jit(trainer.make_train_step(pretrain.objective(model, nsp=True), tx,
                                            lambda s: 1e-3, grad_accum_steps=2,
