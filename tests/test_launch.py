@@ -543,8 +543,9 @@ def test_local_source_ships_the_committed_tree_to_every_worker(tmp_path):
 
 @pytest.mark.parametrize("dry", [[], ["--dry_run"]])
 def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path, dry):
-    # Present here (so it parses), absent from the commit the workers would get.
-    config = REPO / "configs" / "uncommitted_test_config.py"
+    # Present here (so it parses), absent from the commit the workers would get; named per
+    # process, since xdist may run both parametrizations at once.
+    config = REPO / "configs" / f"uncommitted_test_config_{os.getpid()}.py"
     config.write_text((REPO / "configs" / "tiny.py").read_text())
     try:
         args = [a for a in TPU_ARGS if not a.startswith("--config=")]
@@ -553,7 +554,7 @@ def test_a_config_missing_from_the_shipped_commit_stops_before_any_tpu(tmp_path,
     finally:
         config.unlink()
     assert result.returncode == 2 and result.stdout == ""
-    assert "configs/uncommitted_test_config.py is not in HEAD" in result.stderr
+    assert f"configs/{config.name} is not in HEAD" in result.stderr
     assert not (tmp_path / "calls.jsonl").exists()
 
 
