@@ -3,7 +3,6 @@ or packed several examples to a row, gives every example the loss (and the batch
 gradients) the fully padded batch gives, and a bucketed run trains to the parameters of a
 padded one."""
 import dataclasses
-import types
 
 import flax.linen as nn
 import jax

@@ -16,7 +16,6 @@ exported to WORKDIR/model (a model directory plus task.json and labels.json) for
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import os
